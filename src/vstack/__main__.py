@@ -1,0 +1,3 @@
+from vstack.cli import main
+
+raise SystemExit(main())

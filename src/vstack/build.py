@@ -1,0 +1,247 @@
+"""vstack build: the pinned upstream wheel with the series' files swapped in.
+
+Unchanged members keep their exact bytes; RECORD lines for them come from the
+upstream RECORD (the wheel's sha256 is pinned, so they are trusted); changed and new
+files are hashed here. Output is a pure function of (wheel, base, series).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from vstack import gitutil
+from vstack.base import Base, ensure_base, pinned_wheel
+from vstack.config import Pin, Project
+from vstack.export import applied_tip
+from vstack.series import series_digest, series_paths
+from vstack.wheelzip import (
+    Member,
+    WheelWriter,
+    central_date_time,
+    central_external_attr,
+    read_members,
+    read_named,
+)
+
+
+def local_label(label: str, patches: list[Path]) -> str:
+    if not patches:
+        return f"{label}.empty"
+    # "g" keeps the segment alphanumeric: an all-digit hash would be normalised.
+    return f"{label}.g{series_digest(patches)[:12]}"
+
+
+def record_hash(data: bytes) -> str:
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def patch_version_py(text: str, version: str) -> str:
+    """vllm/_version.py with the local version; the commit id stays upstream's."""
+    public, local = version.split("+", 1)
+    nums = ", ".join(public.split("."))
+    text, n = re.subn(
+        r"^(__version__ = version = )'[^']*'$", rf"\g<1>'{version}'", text, flags=re.M
+    )
+    text = re.sub(
+        r"^(__version_tuple__ = version_tuple = )\(.*\)$",
+        rf"\g<1>({nums}, '{local}')",
+        text,
+        flags=re.M,
+    )
+    if n != 1:
+        raise ValueError("vllm/_version.py has no __version__ assignment to patch")
+    return text
+
+
+def patch_metadata(text: str, version: str) -> str:
+    text, n = re.subn(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
+    if n != 1:
+        raise ValueError("METADATA has no Version field")
+    return text
+
+
+@dataclasses.dataclass
+class BuildPlan:
+    version: str
+    wheel_name: str
+    dist_info_old: str
+    dist_info_new: str
+    replaced: dict[str, bytes]  # member name -> new bytes (same name)
+    added: dict[str, tuple[bytes, int]]  # member name -> (bytes, external attr)
+    deleted: set[str]
+    outside: list[str]  # series files outside the wheel's packages (tests, docs)
+
+
+def plan_build(
+    members: list[Member],
+    changes: list[tuple[str, str, str]],
+    blobs: dict[str, bytes],
+    pin_version: str,
+    version: str,
+    source_name: str,
+) -> BuildPlan:
+    """Pure planning: what each member of the output wheel is."""
+    names = {m.name for m in members}
+    dist_old = f"vllm-{pin_version}.dist-info"
+    if f"{dist_old}/RECORD" not in names:
+        raise ValueError(f"{source_name} has no {dist_old}/RECORD")
+    packages = {n.split("/", 1)[0] for n in names if ".dist-info/" not in n and "/" in n}
+    replaced, added, deleted, outside = {}, {}, set(), []
+    for status, path, mode in changes:
+        if path.split("/", 1)[0] not in packages:
+            outside.append(path)
+        elif status == "D":
+            deleted.add(path)
+        elif path in names:
+            replaced[path] = blobs[path]
+        else:
+            attr = (0o100755 if mode == "100755" else 0o100644) << 16
+            added[path] = (blobs[path], attr)
+    wheel_name = source_name.replace(f"vllm-{pin_version}-", f"vllm-{version}-", 1)
+    return BuildPlan(
+        version, wheel_name, dist_old, f"vllm-{version}.dist-info",
+        replaced, added, deleted, sorted(outside),
+    )  # fmt: skip
+
+
+def write_wheel(source: Path, members: list[Member], plan: BuildPlan, out: Path) -> None:
+    dist_names = [m.name for m in members if m.name.startswith(plan.dist_info_old + "/")]
+    dist_data = read_named(source, [*dist_names, "vllm/_version.py"], members)
+    record_text = dist_data[f"{plan.dist_info_old}/RECORD"].decode()
+    version_py = dist_data["vllm/_version.py"].decode()
+    upstream_record = {row[0]: row for row in csv.reader(io.StringIO(record_text)) if row}
+    replaced = dict(plan.replaced)
+    replaced["vllm/_version.py"] = patch_version_py(
+        replaced.get("vllm/_version.py", version_py.encode()).decode(), plan.version
+    ).encode()
+    record: list[list[str]] = []
+    tmp = out.with_name(f".{out.name}.tmp")
+    w = WheelWriter(tmp, source)
+    try:
+        run: list[Member] = []
+        stamp = central_date_time(members[0])
+        for m in members:
+            raw_ok = (
+                m.name not in replaced
+                and m.name not in plan.deleted
+                and not m.name.startswith(plan.dist_info_old + "/")
+            )
+            if raw_ok and (not run or run[-1].end == m.offset):
+                run.append(m)
+                record.append(upstream_record.get(m.name) or [m.name, "", ""])
+                continue
+            w.copy_raw(run)
+            run = []
+            if raw_ok:
+                run.append(m)
+                record.append(upstream_record.get(m.name) or [m.name, "", ""])
+            elif m.name in replaced:
+                data = replaced[m.name]
+                w.add(m.name, data, central_date_time(m), central_external_attr(m))
+                record.append([m.name, record_hash(data), str(len(data))])
+        w.copy_raw(run)
+        for name in sorted(plan.added):
+            data, attr = plan.added[name]
+            w.add(name, data, stamp, attr)
+            record.append([name, record_hash(data), str(len(data))])
+        for m in members:
+            if not m.name.startswith(plan.dist_info_old + "/") or m.name.endswith("/RECORD"):
+                continue
+            data = dist_data[m.name]
+            if m.name.endswith("/METADATA"):
+                data = patch_metadata(data.decode(), plan.version).encode()
+            new_name = plan.dist_info_new + m.name[len(plan.dist_info_old) :]
+            w.add(new_name, data, central_date_time(m), central_external_attr(m))
+            record.append([new_name, record_hash(data), str(len(data))])
+        missing = [r[0] for r in record if not r[1]]
+        if missing:
+            raise ValueError(f"upstream RECORD lacks hashes for {missing[:3]}")
+        record_name = f"{plan.dist_info_new}/RECORD"
+        record.append([record_name, "", ""])
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(record)
+        w.add(record_name, buf.getvalue().encode(), stamp, 0o100644 << 16)
+        w.close()
+    except BaseException:
+        w.f.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out)
+
+
+def dockerfile(pin: Pin, plan: BuildPlan, n_patches: int) -> str:
+    whl = plan.wheel_name
+    tag = plan.version.replace("+", "-")
+    return f"""\
+# Generated by `vstack build`; do not edit (change stack.toml or patches/ instead).
+# vLLM {plan.version}: {pin.image_ref} with {n_patches} stack patch(es) applied.
+# Build with the dist/ folder as context:  docker build -t vllm-eplb:{tag} dist/
+FROM {pin.image_ref}
+COPY {whl} /tmp/{whl}
+# --no-deps: the image already has every dependency of vLLM {pin.version}; only
+# vLLM's own files change.
+RUN python3 -m pip install --no-deps --force-reinstall /tmp/{whl} && rm /tmp/{whl}
+RUN python3 -c "import vllm; v = vllm.__version__; assert v == '{plan.version}', v; print('vllm', v)"
+"""
+
+
+def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
+    log = log or (lambda s: print(s, file=sys.stderr))
+    out_dir = out_dir or project.dist
+    pin = project.pin
+    t0 = time.perf_counter()
+    patches = series_paths(project.patches_dir)
+    wheel = pinned_wheel(project)
+    base: Base = ensure_base(project)
+    tip = applied_tip(project, base, patches)
+    changes = gitutil.tree_changes(project.repo, base.commit, tip)
+    members, _ = read_members(wheel)
+    wanted = [p for s, p, _ in changes if s != "D"]
+    blobs = gitutil.read_blobs(project.repo, tip, wanted)
+    version = f"{pin.version}+{local_label(project.label, patches)}"
+    plan = plan_build(members, changes, blobs, pin.version, version, wheel.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / plan.wheel_name
+    log(f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new files) ...")
+    write_wheel(wheel, members, plan, out)
+    (out_dir / "Dockerfile").write_text(dockerfile(pin, plan, len(patches)))
+    info = {
+        "version": version,
+        "wheel": plan.wheel_name,
+        "base": {"version": pin.version, "commit": pin.commit, "wheel": pin.wheel,
+                 "sha256": pin.sha256, "git": base.commit, "source": base.source},
+        "patches": [p.name for p in patches],
+        "applied_commit": tip,
+        "changed": sorted(plan.replaced),
+        "added": sorted(plan.added),
+        "deleted": sorted(plan.deleted),
+        "outside_wheel": plan.outside,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }  # fmt: skip
+    (out_dir / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def extract_outside(project: Project, out_dir: Path) -> list[str]:
+    """Write the series' files outside the wheel (its tests) from the applied tree."""
+    patches = series_paths(project.patches_dir)
+    base = ensure_base(project)
+    tip = applied_tip(project, base, patches)
+    changes = gitutil.tree_changes(project.repo, base.commit, tip)
+    paths = [p for s, p, _ in changes if s != "D" and not p.startswith("vllm/")]
+    for path, data in gitutil.read_blobs(project.repo, tip, paths).items():
+        target = out_dir / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return paths

@@ -1,0 +1,168 @@
+"""The vstack command line: one verb per module, each a thin wrapper."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vstack.config import load_project
+from vstack.errors import VstackError
+
+DESCRIPTION = """\
+Maintain the vLLM EPLB patch series.
+
+The stack is stack.toml (the pinned vLLM base), patches/series and the patch files.
+vstack materialises the base as a git repository in .vstack/repo, applies the series
+on a work branch there, turns that branch back into patches/ (export), and builds a
+patched vLLM wheel plus a Dockerfile into dist/.
+
+Typical edit loop:
+  vstack apply                       # fresh 'work' branch = base + series
+  (edit, commit or --amend in .vstack/repo)
+  vstack export                      # work branch -> patches/
+  vstack build                       # dist/vllm-<version>+<label>.<hash>-*.whl
+"""
+
+
+def _project(args):
+    return load_project(Path(args.root) if args.root else None)
+
+
+def run_pin(args):
+    from vstack.pin import cmd_pin
+
+    return cmd_pin(_project(args))
+
+
+def run_base(args):
+    from vstack.base import ensure_base
+
+    b = ensure_base(_project(args))
+    print(f"base {b.version} at {b.commit} (from {b.source}, upstream {b.upstream_commit})")
+    return 0
+
+
+def run_apply(args):
+    from vstack.apply import cmd_apply
+
+    return cmd_apply(_project(args), force=args.force)
+
+
+def run_export(args):
+    from vstack.export import cmd_export
+
+    return cmd_export(_project(args), check=args.check)
+
+
+def run_build(args):
+    from vstack.build import build
+
+    info = build(_project(args), Path(args.out) if args.out else None)
+    print(f"vstack: built {info['wheel']} ({len(info['patches'])} patch(es)) in {info['seconds']} s")
+    print(f"vstack: wrote Dockerfile and build.json beside it")
+    return 0
+
+
+def run_test_files(args):
+    from vstack.build import extract_outside
+
+    paths = extract_outside(_project(args), Path(args.out))
+    for p in paths:
+        print(p)
+    return 0
+
+
+def run_lint(args):
+    from vstack.lint import cmd_lint
+
+    return cmd_lint(_project(args))
+
+
+def run_bench(args):
+    from vstack.bench import bench_build
+
+    return bench_build(_project(args), repeat=args.repeat)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vstack", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("--root", help="project root (default: the folder holding stack.toml)")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    s = sub.add_parser("pin", help="show the pinned base; check vllm/ against it")
+    s.set_defaults(func=run_pin)
+
+    s = sub.add_parser(
+        "base", help="materialise the pinned base in .vstack/repo (cached)",
+        description="From the vllm/ checkout when populated (it must be at the pinned "
+        "commit), else from the pinned wheel: downloaded with pip into the wheel cache "
+        "(VSTACK_WHEEL_CACHE, default ~/.cache/vstack/wheels), sha256-checked, its "
+        "source files committed as one base commit. A second call reuses it.",
+    )  # fmt: skip
+    s.set_defaults(func=run_base)
+
+    s = sub.add_parser(
+        "apply", help="apply patches/series onto a fresh 'work' branch of the base",
+        description="git am --3way, one patch at a time, with a per-patch result. On "
+        "failure the patch, files and hunks are named and the work tree is left in "
+        "`git am` state. patches/ is never modified. Refuses to reset a work branch "
+        "that holds unexported commits unless --force (then a backup ref is kept).",
+    )  # fmt: skip
+    s.add_argument("--force", action="store_true", help="discard unexported work-branch commits (kept as a backup ref)")
+    s.set_defaults(func=run_apply)
+
+    s = sub.add_parser(
+        "export", help="write the work branch back into patches/ and patches/series",
+        description="Deterministic git format-patch (zeroed commit ids, full index, no "
+        "signature, no stat, subject kept). Without a work branch, exports the series "
+        "applied afresh (a round trip). The previous patches/ is saved under "
+        ".vstack/backup/ before anything changes.",
+    )  # fmt: skip
+    s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list the files if exporting would change patches/")
+    s.set_defaults(func=run_export)
+
+    s = sub.add_parser(
+        "build", help="build the patched wheel and Dockerfile into dist/",
+        description="The pinned upstream wheel with the series' changed files replaced "
+        "and new ones added: unchanged members copied raw, RECORD regenerated, version "
+        "<version>+<label>.g<series hash> (or .empty) in METADATA, the dist-info name "
+        "and vllm/_version.py. Also writes dist/Dockerfile and dist/build.json. Two "
+        "builds of the same inputs are byte-identical.",
+    )  # fmt: skip
+    s.add_argument("--out", help="output folder (default: dist/)")
+    s.set_defaults(func=run_build)
+
+    s = sub.add_parser("test-files", help="write the files the series adds outside the wheel (its tests) into a folder")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=run_test_files)
+
+    s = sub.add_parser(
+        "lint", help="check the series: entries, descriptions, trailers, SPDX, whitespace, sign-off",
+        description="Every series entry exists and every patch file is listed; every patch "
+        "says why it exists and has Upstream-Status: (and Upstream-PR: once submitted); "
+        "new Python files carry vLLM's SPDX header lines; no trailing whitespace or new "
+        "direct torch.cuda calls in added lines; every commit is signed off by its author.",
+    )  # fmt: skip
+    s.set_defaults(func=run_lint)
+
+    s = sub.add_parser("bench", help="benchmarks of the tool itself")
+    s.add_argument("what", choices=["build"])
+    s.add_argument("--repeat", type=int, default=3)
+    s.set_defaults(func=run_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except VstackError as e:
+        print(f"vstack: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("vstack: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,139 @@
+"""The project layout and the pin in stack.toml."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from pathlib import Path
+
+from vstack.errors import VstackError
+
+STACK_TOML = "stack.toml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    version: str
+    commit: str  # as vllm/_version.py reports it, e.g. "g4ba787ec9"
+    wheel: str
+    sha256: str
+    image: str
+    image_digest: str = ""
+
+    @property
+    def short_hash(self) -> str:
+        """The git hash part of `commit` ("g4ba787ec9" -> "4ba787ec9")."""
+        c = self.commit
+        return c[1:] if re.fullmatch(r"g[0-9a-f]{7,40}", c) else c
+
+    @property
+    def image_ref(self) -> str:
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+
+@dataclasses.dataclass(frozen=True)
+class Project:
+    root: Path
+    pin: Pin
+    label: str
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def series_file(self) -> Path:
+        return self.patches_dir / "series"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / ".vstack"
+
+    @property
+    def repo(self) -> Path:
+        """The git repository holding base commits and the work branch."""
+        return self.cache / "repo"
+
+    @property
+    def dist(self) -> Path:
+        return self.root / "dist"
+
+    @property
+    def submodule(self) -> Path:
+        return self.root / "vllm"
+
+    @property
+    def wheel_cache(self) -> Path:
+        env = os.environ.get("VSTACK_WHEEL_CACHE")
+        if env:
+            return Path(env)
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(xdg) / "vstack" / "wheels"
+
+
+_REQUIRED = ("version", "commit", "wheel", "sha256", "image")
+
+
+def parse_pin(data: dict, where: str) -> Pin:
+    base = data.get("base")
+    if not isinstance(base, dict):
+        raise VstackError(f"{where}: missing [base] table")
+    missing = [k for k in _REQUIRED if not base.get(k)]
+    if missing:
+        raise VstackError(f"{where}: [base] lacks {', '.join(missing)}")
+    if not re.fullmatch(r"[0-9a-f]{64}", base["sha256"]):
+        raise VstackError(f"{where}: [base] sha256 is not 64 lowercase hex digits")
+    return Pin(
+        version=base["version"],
+        commit=base["commit"],
+        wheel=base["wheel"],
+        sha256=base["sha256"],
+        image=base["image"],
+        image_digest=base.get("image_digest", ""),
+    )
+
+
+def find_root(start: Path | None = None) -> Path:
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / STACK_TOML).is_file():
+            return d
+    raise VstackError(f"no {STACK_TOML} found in {here} or its parents (use --root)")
+
+
+def load_project(root: Path | None = None) -> Project:
+    root = find_root(root)
+    path = root / STACK_TOML
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise VstackError(f"{path}: {e}") from None
+    label = data.get("stack", {}).get("label", "stack")
+    if not re.fullmatch(r"[a-z][a-z0-9]*", label):
+        raise VstackError(f"{path}: [stack] label must be lowercase alphanumeric")
+    return Project(root=root, pin=parse_pin(data, str(path)), label=label)
+
+
+def render_stack_toml(old_text: str, pin: Pin) -> str:
+    """old_text with the [base] values replaced by pin's; comments and order kept."""
+    values = dataclasses.asdict(pin)
+    lines = old_text.splitlines(keepends=True)
+    section = None
+    seen = set()
+    result = []
+    for line in lines:
+        m = re.match(r"\s*\[([^\]]+)\]", line)
+        if m:
+            section = m.group(1).strip()
+        kv = re.match(r"(\s*)([A-Za-z_]+)(\s*=\s*)(.*?)(\r?\n?)$", line)
+        if section == "base" and kv and kv.group(2) in values:
+            key = kv.group(2)
+            line = f'{kv.group(1)}{key}{kv.group(3)}"{values[key]}"{kv.group(5)}'
+            seen.add(key)
+        result.append(line)
+    missing = [k for k in values if k not in seen]
+    if missing:
+        raise VstackError(f"{STACK_TOML}: [base] lacks keys {missing}")
+    return "".join(result)

@@ -1,0 +1,133 @@
+"""Getting an upstream vLLM wheel into the wheel cache, sha256-verified."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from vstack.errors import VstackError
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+class VerifiedCache:
+    """Remembers sha256 of files by (size, mtime, inode), so a 336 MB wheel is hashed
+    once per change rather than on every build."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    def known(self, file: Path) -> str | None:
+        hit = self.data.get(str(file.resolve()))
+        return hit["sha256"] if hit and hit["stamp"] == _stamp(file) else None
+
+    def remember(self, file: Path, digest: str) -> None:
+        self.data[str(file.resolve())] = {"stamp": _stamp(file), "sha256": digest}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # only an optimisation
+
+
+def verify(file: Path, expected: str, cache: VerifiedCache | None = None) -> None:
+    if cache and cache.known(file) == expected:
+        return
+    got = sha256_file(file)
+    if got != expected:
+        raise VstackError(
+            f"sha256 mismatch for {file}: stack.toml pins {expected}, file has {got}"
+        )
+    if cache:
+        cache.remember(file, got)
+
+
+def _pip_download(spec: str, dest: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "-d", str(dest), spec,
+    ]  # fmt: skip
+    print(f"vstack: downloading {spec} with pip (about 340 MB) ...", file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        reason = lines[-1] if lines else f"exit {proc.returncode}"
+        raise VstackError(f"pip could not download {spec}: {reason}")
+
+
+def fetch_wheel(
+    version: str,
+    cache_dir: Path,
+    wheel_name: str | None = None,
+    sha256: str | None = None,
+    verified: VerifiedCache | None = None,
+) -> Path:
+    """Return the cached wheel of vLLM `version`, downloading it if absent.
+
+    With wheel_name/sha256 given (a pin), the file must have exactly that name and
+    hash; a fresh download that does not match is discarded, a cached file is left
+    where it is for the user to inspect.
+    """
+    if wheel_name:
+        cached = cache_dir / wheel_name
+        if cached.is_file():
+            if sha256:
+                verify(cached, sha256, verified)
+            return cached
+    else:
+        hits = sorted(cache_dir.glob(f"vllm-{version}-*.whl"))
+        if hits:
+            if sha256:
+                verify(hits[0], sha256, verified)
+            return hits[0]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
+        try:
+            _pip_download(f"vllm=={version}", Path(tmp))
+        except VstackError as e:
+            where = cache_dir / (wheel_name or f"vllm-{version}-*.whl")
+            raise VstackError(f"{e} (and no cached wheel at {where})") from None
+        got = sorted(Path(tmp).glob("vllm-*.whl"))
+        if not got:
+            raise VstackError(f"pip download of vllm=={version} produced no wheel")
+        wheel = got[0]
+        if wheel_name and wheel.name != wheel_name:
+            raise VstackError(
+                f"pip downloaded {wheel.name}, but stack.toml pins {wheel_name}"
+            )
+        if sha256:
+            verify(wheel, sha256)
+        final = cache_dir / wheel.name
+        shutil.move(str(wheel), final)
+    return final
+
+
+def wheel_version(name: str) -> str:
+    m = re.match(r"vllm-([^-]+)-", name)
+    if not m:
+        raise VstackError(f"{name} is not a vllm wheel file name")
+    return m.group(1)

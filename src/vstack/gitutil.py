@@ -1,0 +1,160 @@
+"""Thin wrappers around git; every call pins the config that changes output bytes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from vstack.errors import VstackError
+
+# Settings a user's ~/.gitconfig could flip that would change exported patch bytes or
+# the commits vstack writes.
+_PINNED_CONFIG = [
+    "core.quotePath=true",
+    "core.autocrlf=false",
+    "diff.noprefix=false",
+    "diff.mnemonicPrefix=false",
+    "diff.renames=false",
+    "diff.algorithm=myers",
+    "diff.context=3",
+    "diff.suppressBlankEmpty=false",
+    "format.signature=",
+    "format.headers=",
+    "format.coverLetter=false",
+    "format.numbered=false",
+    "commit.gpgSign=false",
+    "am.threeWay=false",
+    "am.keepcr=false",
+    "advice.detachedHead=false",
+    "gc.auto=0",
+]
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "vstack",
+    "GIT_AUTHOR_EMAIL": "vstack@localhost",
+    "GIT_COMMITTER_NAME": "vstack",
+    "GIT_COMMITTER_EMAIL": "vstack@localhost",
+}
+# Base commits get a fixed date so one wheel always yields the same base commit id.
+FIXED_DATE = "1700000000 +0000"
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GIT_AUTHOR_NAME", IDENTITY["GIT_AUTHOR_NAME"])
+    env.setdefault("GIT_AUTHOR_EMAIL", IDENTITY["GIT_AUTHOR_EMAIL"])
+    env.setdefault("GIT_COMMITTER_NAME", IDENTITY["GIT_COMMITTER_NAME"])
+    env.setdefault("GIT_COMMITTER_EMAIL", IDENTITY["GIT_COMMITTER_EMAIL"])
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["LC_ALL"] = "C"
+    env.pop("GIT_DIR", None)
+    env.pop("GIT_WORK_TREE", None)
+    env.pop("GIT_INDEX_FILE", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def git(
+    repo: Path | str,
+    *args: str,
+    check: bool = True,
+    input: bytes | str | None = None,
+    env: dict[str, str] | None = None,
+    text: bool = True,
+) -> subprocess.CompletedProcess:
+    cmd = ["git", "-C", str(repo)]
+    for c in _PINNED_CONFIG:
+        cmd += ["-c", c]
+    cmd += list(args)
+    if isinstance(input, str) and not text:
+        input = input.encode()
+    proc = subprocess.run(
+        cmd,
+        input=input,
+        capture_output=True,
+        text=text,
+        env=git_env(env),
+    )
+    if check and proc.returncode != 0:
+        err = proc.stderr if text else proc.stderr.decode(errors="replace")
+        raise VstackError(
+            f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
+            if err.strip()
+            else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
+        )
+    return proc
+
+
+def out(repo: Path | str, *args: str, **kw) -> str:
+    return git(repo, *args, **kw).stdout.strip()
+
+
+def rev_parse(repo: Path | str, rev: str) -> str | None:
+    p = git(repo, "rev-parse", "--verify", "--quiet", rev + "^{commit}", check=False)
+    return p.stdout.strip() or None if p.returncode == 0 else None
+
+
+def is_repo(path: Path) -> bool:
+    if not path.exists():
+        return False
+    p = subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+        capture_output=True,
+        text=True,
+        env=git_env(),
+    )
+    return p.returncode == 0 and Path(p.stdout.strip()).resolve() == path.resolve()
+
+
+def status_porcelain(repo: Path | str) -> str:
+    return git(repo, "status", "--porcelain", "--untracked-files=all").stdout
+
+
+def op_in_progress(repo: Path) -> str | None:
+    """Name of a git am/rebase/merge/cherry-pick left unfinished in repo, if any."""
+    gitdir = Path(out(repo, "rev-parse", "--absolute-git-dir"))
+    for marker, name in (
+        ("rebase-apply", "git am / rebase"),
+        ("rebase-merge", "git rebase"),
+        ("MERGE_HEAD", "git merge"),
+        ("CHERRY_PICK_HEAD", "git cherry-pick"),
+    ):
+        if (gitdir / marker).exists():
+            return name
+    return None
+
+
+def read_blobs(repo: Path | str, rev: str, paths: list[str]) -> dict[str, bytes]:
+    """Contents of paths at rev, in one `git cat-file --batch` process."""
+    if not paths:
+        return {}
+    req = "".join(f"{rev}:{p}\n" for p in paths).encode()
+    data = git(repo, "cat-file", "--batch", input=req, text=False).stdout
+    blobs, pos = {}, 0
+    for p in paths:
+        nl = data.index(b"\n", pos)
+        header = data[pos:nl].decode()
+        if header.endswith("missing"):
+            raise VstackError(f"{p} is missing at {rev}")
+        size = int(header.split()[2])
+        blobs[p] = data[nl + 1 : nl + 1 + size]
+        pos = nl + 1 + size + 1
+    return blobs
+
+
+def tree_changes(repo: Path | str, old: str, new: str) -> list[tuple[str, str, str]]:
+    """[(status A/M/D, path, new mode)] between two commits, renames off."""
+    text = out(repo, "diff-tree", "-r", "--no-renames", "-z", old, new)
+    fields = text.split("\0")
+    changes = []
+    i = 0
+    while i + 1 < len(fields):
+        meta, path = fields[i], fields[i + 1]
+        i += 2
+        if not meta.startswith(":"):
+            continue
+        _, new_mode, _, _, status = meta[1:].split(" ")
+        changes.append((status[0], path, new_mode))
+    return changes

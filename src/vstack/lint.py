@@ -1,0 +1,115 @@
+"""vstack lint: the rules every patch of the series follows, reported as file:line."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from vstack.config import Project
+from vstack.series import parse_patch, read_series
+
+UPSTREAM_STATUSES = ("pending", "submitted", "accepted", "backport", "inappropriate", "rejected")
+NEEDS_PR = ("submitted", "accepted", "backport")
+SPDX_LINES = (
+    "# SPDX-License-Identifier: Apache-2.0",
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
+)
+# vLLM's pre-commit forbids new direct torch.cuda calls outside a few platform files.
+TORCH_CUDA = re.compile(r"\btorch\.cuda\.")
+TORCH_CUDA_ALLOWED = ("vllm/platforms/", "tests/", "benchmarks/", "vllm/utils/torch_utils.py")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    where: str  # "patches/x.patch:12"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def _added_lines(text: str):
+    """(patch line number, target file, new-file line number, text) of each added line."""
+    file, new_no = None, 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("diff --git "):
+            file = line.split(" b/", 1)[-1]
+        elif line.startswith("@@"):
+            m = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", line)
+            new_no = int(m.group(1)) if m else 0
+        elif file and line.startswith("+") and not line.startswith("+++"):
+            yield n, file, new_no, line[1:]
+            new_no += 1
+        elif file and line.startswith(" "):
+            new_no += 1
+
+
+def lint_patch(name: str, text: str) -> list[Finding]:
+    info = parse_patch(text)
+    where = f"patches/{name}"
+    found = []
+    if not info.body or len(info.body.split()) < 5:
+        found.append(Finding(f"{where}:1", "no description of why the patch exists (a few sentences before the trailers)"))
+    status = info.trailers.get("Upstream-Status", [])
+    if not status:
+        found.append(Finding(f"{where}:1", "no Upstream-Status: trailer"))
+    elif status[0].split()[0].lower() not in UPSTREAM_STATUSES:
+        found.append(Finding(f"{where}:1", f"Upstream-Status: '{status[0]}' is not one of {', '.join(UPSTREAM_STATUSES)}"))
+    elif status[0].split()[0].lower() in NEEDS_PR and not info.trailers.get("Upstream-PR"):
+        found.append(Finding(f"{where}:1", f"Upstream-Status: {status[0]} needs an Upstream-PR: trailer"))
+    author = re.search(r"^From: (.+)$", text, re.M)
+    signoffs = info.trailers.get("Signed-off-by", [])
+    if not signoffs:
+        found.append(Finding(f"{where}:1", "commit is not signed off (Signed-off-by: trailer, DCO)"))
+    elif author and author.group(1).strip() not in [s.strip() for s in signoffs]:
+        found.append(Finding(f"{where}:1", f"no Signed-off-by from the author {author.group(1).strip()}"))
+    lines_by_file: dict[str, list[tuple[int, int, str]]] = {}
+    for n, file, new_no, line in _added_lines(text):
+        lines_by_file.setdefault(file, []).append((n, new_no, line))
+        if line != line.rstrip():
+            found.append(Finding(f"{where}:{n}", f"trailing whitespace in {file}:{new_no}"))
+        if file.endswith(".py") and TORCH_CUDA.search(line.split("#", 1)[0]) and not file.startswith(TORCH_CUDA_ALLOWED):
+            found.append(Finding(f"{where}:{n}", f"new direct torch.cuda call in {file}:{new_no} (use torch.accelerator / current_platform)"))
+    for file in info.added:
+        if not file.endswith(".py"):
+            continue
+        head = [ln for _, _, ln in lines_by_file.get(file, [])[:5]]
+        if not lines_by_file.get(file):
+            continue  # an empty new file (__init__.py) needs no header
+        if not all(s in head for s in SPDX_LINES):
+            n = lines_by_file[file][0][0]
+            found.append(Finding(f"{where}:{n}", f"new file {file} lacks vLLM's SPDX header lines"))
+    return found
+
+
+def lint_series(patches_dir: Path) -> list[Finding]:
+    found = []
+    series = read_series(patches_dir)
+    seen = set()
+    for i, name in enumerate(series, 1):
+        if name in seen:
+            found.append(Finding(f"patches/series:{i}", f"{name} is listed twice"))
+        seen.add(name)
+        if not (patches_dir / name).is_file():
+            found.append(Finding(f"patches/series:{i}", f"{name} does not exist"))
+    for p in sorted(patches_dir.glob("*.patch")):
+        if p.name not in seen:
+            found.append(Finding(f"patches/{p.name}:1", "not listed in patches/series"))
+    for name in series:
+        p = patches_dir / name
+        if p.is_file():
+            found.extend(lint_patch(name, p.read_text(errors="replace")))
+    return found
+
+
+def cmd_lint(project: Project) -> int:
+    found = lint_series(project.patches_dir)
+    for f in found:
+        print(f)
+    n = len(read_series(project.patches_dir))
+    if found:
+        print(f"vstack lint: {len(found)} problem(s) in {n} patch(es)")
+        return 1
+    print(f"vstack lint: {n} patch(es) OK")
+    return 0

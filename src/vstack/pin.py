@@ -1,0 +1,20 @@
+"""vstack pin: show the pinned base and check the vllm/ checkout against it."""
+
+from __future__ import annotations
+
+from vstack.base import check_submodule
+from vstack.config import Project
+
+
+def cmd_pin(project: Project) -> int:
+    pin = project.pin
+    print(f"vLLM     {pin.version} (commit {pin.commit})")
+    print(f"wheel    {pin.wheel}")
+    print(f"sha256   {pin.sha256}")
+    print(f"image    {pin.image_ref}")
+    head = check_submodule(project, pin)
+    if head is None:
+        print("vllm/    not populated: the base comes from the pinned wheel")
+    else:
+        print(f"vllm/    at {head[:12]}, matches the pin")
+    return 0

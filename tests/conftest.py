@@ -1,0 +1,31 @@
+"""pytest wiring for the tool's tests (helpers live in vstack_testlib)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vstack_testlib import Stack, make_wheel, write_stack_toml  # noqa: E402
+
+
+@pytest.fixture
+def stack(tmp_path, monkeypatch) -> Stack:
+    cache = tmp_path / "wheels"
+    wheel = make_wheel(cache / "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    root = tmp_path / "proj"
+    (root / "patches").mkdir(parents=True)
+    (root / "patches" / "series").write_text("")
+    write_stack_toml(root, wheel)
+    monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(cache))
+    # No test may reach a package index.
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    return Stack(root, cache, wheel)
+
+

@@ -1,0 +1,148 @@
+"""vstack build on a synthetic wheel: raw copies, RECORD, version label, Dockerfile."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import zipfile
+
+from vstack_testlib import STATE_PATCH_MESSAGE, make_wheel
+
+from vstack.wheelzip import read_members
+
+
+def _built(stack):
+    return sorted((stack.root / "dist").glob("*.whl"))
+
+
+def _verify_record(zf: zipfile.ZipFile, dist_info: str) -> list[list[str]]:
+    rows = list(csv.reader(io.StringIO(zf.read(f"{dist_info}/RECORD").decode())))
+    assert {r[0] for r in rows} == set(zf.namelist())
+    for name, h, size in rows:
+        if name.endswith("/RECORD"):
+            assert h == size == ""
+            continue
+        data = zf.read(name)
+        assert h == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert int(size) == len(data)
+    return rows
+
+
+def test_empty_series_builds_with_empty_label(stack):
+    assert stack.run("build") == 0
+    (whl,) = _built(stack)
+    assert whl.name == "vllm-1.0.0+eplb.empty-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(whl) as zf:
+        assert zf.testzip() is None
+        _verify_record(zf, "vllm-1.0.0+eplb.empty.dist-info")
+        assert "Version: 1.0.0+eplb.empty\n" in zf.read("vllm-1.0.0+eplb.empty.dist-info/METADATA").decode()
+        assert "__version__ = version = '1.0.0+eplb.empty'" in zf.read("vllm/_version.py").decode()
+
+
+def _series_with_changes(stack):
+    assert stack.run("apply") == 0
+    text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
+    stack.commit_on_work("vllm/distributed/eplb/state.py", text.replace("line 5\n", "line five\n"), STATE_PATCH_MESSAGE)
+    stack.commit_on_work("vllm/distributed/eplb/symm.py", "X = 1\n", "[EPLB] New module\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
+    stack.commit_on_work("tests/distributed/test_symm.py", "def test_x():\n    assert True\n", "[EPLB] Test\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
+    assert stack.run("export") == 0
+
+
+def test_build_replaces_adds_and_copies_the_rest_raw(stack):
+    _series_with_changes(stack)
+    assert stack.run("build") == 0
+    (whl,) = _built(stack)
+    info = json.loads((stack.root / "dist/build.json").read_text())
+    label = info["version"].split("+")[1]
+    assert label.startswith("eplb.g") and len(label) == len("eplb.g") + 12
+    assert whl.name == f"vllm-{info['version']}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    dist_info = f"vllm-{info['version']}.dist-info"
+    with zipfile.ZipFile(whl) as zf:
+        assert zf.testzip() is None
+        _verify_record(zf, dist_info)
+        assert zf.read("vllm/distributed/eplb/state.py").decode().count("line five") == 1
+        assert zf.read("vllm/distributed/eplb/symm.py") == b"X = 1\n"
+        assert "tests/distributed/test_symm.py" not in zf.namelist()
+        assert zf.namelist()[-1] == f"{dist_info}/RECORD"
+    assert info["outside_wheel"] == ["tests/distributed/test_symm.py"]
+    # Unchanged members: local record bytes identical to the source wheel's.
+    src_members, _ = read_members(stack.wheel)
+    out_members, _ = read_members(whl)
+    src_bytes, out_bytes = stack.wheel.read_bytes(), whl.read_bytes()
+    out_by_name = {m.name: m for m in out_members}
+    for m in src_members:
+        if m.name in ("vllm/distributed/eplb/state.py", "vllm/_version.py") or ".dist-info/" in m.name:
+            continue
+        o = out_by_name[m.name]
+        assert out_bytes[o.offset : o.end] == src_bytes[m.offset : m.end], m.name
+
+
+def test_build_is_reproducible_and_label_tracks_series(stack):
+    _series_with_changes(stack)
+    assert stack.run("build") == 0
+    (whl,) = _built(stack)
+    first = whl.read_bytes()
+    whl.unlink()
+    assert stack.run("build") == 0
+    assert _built(stack)[0].read_bytes() == first
+    # Editing a patch changes the label.
+    p = stack.root / "patches" / "eplb-new-module.patch"
+    p.write_text(p.read_text().replace("+X = 1", "+X = 2"))
+    assert stack.run("build") == 0
+    names = {w.name for w in _built(stack)}
+    assert len(names) == 2
+
+
+def test_dockerfile_installs_wheel_and_asserts_version(stack):
+    _series_with_changes(stack)
+    assert stack.run("build") == 0
+    info = json.loads((stack.root / "dist/build.json").read_text())
+    text = (stack.root / "dist/Dockerfile").read_text()
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert lines[0] == "FROM vllm/vllm-openai:v1.0.0"
+    assert f"COPY {info['wheel']} /tmp/{info['wheel']}" in lines
+    assert any("pip install --no-deps --force-reinstall" in ln and info["wheel"] in ln for ln in lines)
+    assert any(f"assert v == '{info['version']}'" in ln for ln in lines)
+
+
+def test_build_failure_leaves_dist_untouched(stack, capsys):
+    _series_with_changes(stack)
+    assert stack.run("build") == 0
+    before = stack.snapshot()
+    p = stack.root / "patches" / "eplb-change-line-5.patch"
+    p.write_text(p.read_text().replace(" line 4\n", " line FOUR\n"))
+    before["patches/eplb-change-line-5.patch"] = p.read_bytes()
+    capsys.readouterr()
+    assert stack.run("build") == 1
+    err = capsys.readouterr().err
+    assert "eplb-change-line-5.patch does not apply" in err
+    assert stack.snapshot() == before
+
+
+def test_wheel_with_data_descriptors_is_copied_raw(tmp_path):
+    """zipfile writes data descriptors for streamed members; spans must include them."""
+    from vstack.wheelzip import WheelWriter
+
+    src = tmp_path / "s.zip"
+    with zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(3):
+            with zf.open(f"m{i}.txt", "w") as f:  # streamed -> flag bit 3
+                f.write(b"x" * (1000 + i))
+    members, _ = read_members(src)
+    out = tmp_path / "o.zip"
+    w = WheelWriter(out, src)
+    w.copy_raw(members)
+    w.add("new.txt", b"hello", (0, 33), 0o100644 << 16)
+    w.close()
+    with zipfile.ZipFile(out) as zf:
+        assert zf.testzip() is None
+        assert zf.read("m2.txt") == b"x" * 1002 and zf.read("new.txt") == b"hello"
+
+
+def test_make_wheel_fixture_is_valid(tmp_path):
+    w = make_wheel(tmp_path / "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    with zipfile.ZipFile(w) as zf:
+        _verify_record(zf, "vllm-1.0.0.dist-info")

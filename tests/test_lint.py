@@ -1,0 +1,63 @@
+"""vstack lint on exported patches with and without each problem."""
+
+from __future__ import annotations
+
+from vstack.lint import lint_series
+
+GOOD_MSG = (
+    "[EPLB] Add a module\n\nThe module exists so that the tests have something real to "
+    "check.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>"
+)
+SPDX = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
+
+
+def _export(stack, path, content, message):
+    assert stack.run("apply") == 0
+    stack.commit_on_work(path, content, message)
+    assert stack.run("export") == 0
+    return stack.root / "patches" / "eplb-add-a-module.patch"
+
+
+def _messages(stack):
+    return [str(f) for f in lint_series(stack.root / "patches")]
+
+
+def test_clean_patch_passes(stack, capsys):
+    _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", GOOD_MSG)
+    assert _messages(stack) == []
+    assert stack.run("lint") == 0
+    assert "1 patch(es) OK" in capsys.readouterr().out
+
+
+def test_each_problem_is_reported_with_location(stack, capsys):
+    msg = "[EPLB] Add a module\n\nshort\n\nSigned-off-by: Someone Else <e@x>"
+    _export(stack, "vllm/new_mod.py", "X = 1   \ntorch.cuda.synchronize()\n", msg)
+    (stack.root / "patches" / "stray.patch").write_text("x")
+    found = "\n".join(_messages(stack))
+    assert "patches/eplb-add-a-module.patch:1: no description" in found
+    assert "no Upstream-Status: trailer" in found
+    assert "no Signed-off-by from the author T <t@x>" in found
+    assert "trailing whitespace in vllm/new_mod.py:1" in found
+    assert "new direct torch.cuda call in vllm/new_mod.py:2" in found
+    assert "new file vllm/new_mod.py lacks vLLM's SPDX header lines" in found
+    assert "patches/stray.patch:1: not listed in patches/series" in found
+    assert stack.run("lint") == 1
+
+
+def test_submitted_needs_pr_and_missing_entry(stack):
+    msg = GOOD_MSG.replace("Upstream-Status: pending", "Upstream-Status: submitted")
+    _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", msg)
+    series = stack.root / "patches" / "series"
+    series.write_text(series.read_text() + "gone.patch\n")
+    found = "\n".join(_messages(stack))
+    assert "Upstream-Status: submitted needs an Upstream-PR: trailer" in found
+    assert "gone.patch does not exist" in found
+
+
+def test_unsigned_commit(stack):
+    msg = "[EPLB] Add a module\n\nThe module exists for a reason worth a sentence.\n\nUpstream-Status: pending"
+    _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", msg)
+    assert any("not signed off" in m for m in _messages(stack))
