@@ -114,7 +114,7 @@ class Stack:
         return {
             str(p.relative_to(self.root)): p.read_bytes()
             for p in sorted(self.root.rglob("*"))
-            if p.is_file() and ".vstack" not in p.parts
+            if p.is_file() and ".vstack" not in p.parts and ".git" not in p.parts
         }
 
 

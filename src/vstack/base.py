@@ -180,8 +180,26 @@ def ensure_base(project: Project, pin: Pin | None = None, offline_ok=True) -> Ba
     return base_from_wheel(project, wheel, pin.sha256)
 
 
+def pinned_base_anywhere(project: Project, pin: Pin | None = None) -> Base:
+    """The pinned base even when vllm/ has since moved on (rebase starts from it):
+    the pinned commit is looked up in the checkout's history."""
+    pin = pin or project.pin
+    head = submodule_head(project)
+    if head is not None and not head.startswith(pin.short_hash):
+        p = gitutil.git(project.submodule, "rev-parse", "--verify", "--quiet",
+                        f"{pin.short_hash}^{{commit}}", check=False)  # fmt: skip
+        if p.returncode == 0:
+            return base_from_git(project, project.submodule, p.stdout.strip(), pin.version)
+    return ensure_base(project, pin)
+
+
 def pinned_wheel(project: Project, pin: Pin | None = None) -> Path:
     pin = pin or project.pin
+    if not pin.wheel:
+        raise VstackError(
+            "stack.toml pins no wheel (a git-checkout base); building needs one: "
+            "`vstack rebase --onto <git rev> --wheel <file or version>`"
+        )
     verified = VerifiedCache(project.cache / "verified.json")
     wheel = fetch_wheel(pin.version, project.wheel_cache, pin.wheel, pin.sha256, verified)
     _, commit = read_wheel_version(wheel)

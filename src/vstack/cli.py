@@ -79,6 +79,19 @@ def run_lint(args):
     return cmd_lint(_project(args))
 
 
+def run_rebase(args):
+    from vstack import rebase
+
+    project = _project(args)
+    if args.abort:
+        return rebase.cmd_abort(project)
+    if args.cont:
+        return rebase.cmd_continue(project)
+    if not args.onto:
+        raise VstackError("give --onto <target>, --continue or --abort")
+    return rebase.cmd_rebase(project, args.onto, args.git, args.wheel)
+
+
 def run_bench(args):
     from vstack.bench import bench_build
 
@@ -148,6 +161,25 @@ def parser() -> argparse.ArgumentParser:
         "direct torch.cuda calls in added lines; every commit is signed off by its author.",
     )  # fmt: skip
     s.set_defaults(func=run_lint)
+
+    s = sub.add_parser(
+        "rebase", help="move the series onto a new vLLM base, with a per-patch report",
+        description="The target is a vLLM version from the package index (0.34.0), a "
+        "local wheel file, or a revision of a git checkout (--git PATH; the vllm/ "
+        "submodule by default). Each patch is first checked against upstream (it "
+        "reverse-applies on the new base, or its Upstream-PR number is in an upstream "
+        "commit subject): such patches are dropped-upstream. The rest are applied with "
+        "git am -3 and classified clean / offset / 3way / conflict. On success patches/ "
+        "is re-exported and stack.toml re-pinned; on conflict, resolve in .vstack/repo "
+        "and --continue, or --abort to restore everything. Report: "
+        ".vstack/reports/rebase.{md,json}.",
+    )  # fmt: skip
+    s.add_argument("--onto", help="version, wheel file, or git revision (with --git)")
+    s.add_argument("--git", nargs="?", const="", help="the checkout --onto names a revision of (default vllm/)")
+    s.add_argument("--wheel", help="with --git: the wheel (file or version) to pin for builds")
+    s.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict")
+    s.add_argument("--abort", action="store_true", help="give up and restore the state before the rebase")
+    s.set_defaults(func=run_rebase)
 
     s = sub.add_parser("bench", help="benchmarks of the tool itself")
     s.add_argument("what", choices=["build"])

@@ -73,7 +73,9 @@ class Project:
         return Path(xdg) / "vstack" / "wheels"
 
 
-_REQUIRED = ("version", "commit", "wheel", "sha256", "image")
+# wheel and sha256 may be empty for a base taken from a git checkout (a nightly);
+# `vstack build` then says that it needs a wheel.
+_REQUIRED = ("version", "commit", "image")
 
 
 def parse_pin(data: dict, where: str) -> Pin:
@@ -83,13 +85,13 @@ def parse_pin(data: dict, where: str) -> Pin:
     missing = [k for k in _REQUIRED if not base.get(k)]
     if missing:
         raise VstackError(f"{where}: [base] lacks {', '.join(missing)}")
-    if not re.fullmatch(r"[0-9a-f]{64}", base["sha256"]):
+    if base.get("wheel") and not re.fullmatch(r"[0-9a-f]{64}", base.get("sha256", "")):
         raise VstackError(f"{where}: [base] sha256 is not 64 lowercase hex digits")
     return Pin(
         version=base["version"],
         commit=base["commit"],
-        wheel=base["wheel"],
-        sha256=base["sha256"],
+        wheel=base.get("wheel", ""),
+        sha256=base.get("sha256", ""),
         image=base["image"],
         image_digest=base.get("image_digest", ""),
     )
@@ -127,7 +129,7 @@ def render_stack_toml(old_text: str, pin: Pin) -> str:
         m = re.match(r"\s*\[([^\]]+)\]", line)
         if m:
             section = m.group(1).strip()
-        kv = re.match(r"(\s*)([A-Za-z_]+)(\s*=\s*)(.*?)(\r?\n?)$", line)
+        kv = re.match(r"(\s*)([A-Za-z_][A-Za-z0-9_]*)(\s*=\s*)(.*?)(\r?\n?)$", line)
         if section == "base" and kv and kv.group(2) in values:
             key = kv.group(2)
             line = f'{kv.group(1)}{key}{kv.group(3)}"{values[key]}"{kv.group(5)}'

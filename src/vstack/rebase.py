@@ -1,0 +1,438 @@
+"""vstack rebase: move the series onto a new vLLM base, patch by patch, with a report.
+
+State lives in .vstack/rebase/state.json while a rebase is in progress; stack.toml and
+patches/ are written only when every patch is through, so --abort has only the
+stack repository's work branch to put back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from vstack import gitutil
+from vstack.apply import (
+    AM_ENV,
+    SYNCED_REF,
+    PatchResult,
+    apply_one,
+    ensure_clean,
+    mark_synced,
+)
+from vstack.base import (
+    WORK_BRANCH,
+    Base,
+    base_from_git,
+    base_from_wheel,
+    pinned_base_anywhere,
+    read_wheel_version,
+)
+from vstack.config import STACK_TOML, Pin, Project, render_stack_toml
+from vstack.errors import VstackError
+from vstack.export import render, write_patches
+from vstack.fetch import VerifiedCache, fetch_wheel, sha256_file
+from vstack.series import parse_patch, series_paths
+
+MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
+
+
+# ---------------------------------------------------------------- planning (pure)
+
+
+def classify_target(onto: str, git_path: str | None) -> str:
+    """'wheel' (a local .whl), 'git' (a revision of a checkout) or 'version'."""
+    if onto.endswith(".whl"):
+        return "wheel"
+    if git_path is not None:
+        return "git"
+    if re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?[A-Za-z0-9.]+)?", onto):
+        return "version"
+    raise VstackError(
+        f"cannot tell what '{onto}' is: give a vLLM version (0.34.0), a wheel file "
+        f"(*.whl), or a revision with --git PATH"
+    )
+
+
+def pr_in_subjects(pr: str, subjects: list[str]) -> str | None:
+    """The subject that names upstream PR `pr` as vLLM's squash merges do: '(#123)'."""
+    num = re.sub(r"\D", "", pr.rsplit("/", 1)[-1])
+    if not num:
+        return None
+    pat = re.compile(rf"\(#{num}\)|(?<![\w/])#{num}\b")
+    return next((s for s in subjects if pat.search(s)), None)
+
+
+def ours_ranges(text: str) -> list[tuple[int, int]]:
+    """Line ranges (1-based, in HEAD's version of the file) of the HEAD side of each
+    conflict block left by a 3-way merge."""
+    ranges, line, side, start = [], 0, None, 0
+    for raw in text.splitlines():
+        if raw.startswith("<<<<<<< "):
+            side, start = "ours", line + 1
+            continue
+        if side and (raw.startswith("|||||||") or raw == "=======" or raw.startswith("======= ")):
+            if side == "ours":
+                ranges.append((start, max(start, line)))
+            side = "theirs"
+            continue
+        if side and raw.startswith(">>>>>>> "):
+            side = None
+            continue
+        if side in (None, "ours"):
+            line += 1
+    return ranges
+
+
+def render_report(report: dict) -> str:
+    o, n = report["old"], report["new"]
+    lines = [
+        f"# Rebase report: vLLM {o['version']} -> {n['version']}",
+        "",
+        "| | old | new |",
+        "|---|---|---|",
+        f"| version | {o['version']} | {n['version']} |",
+        f"| commit | {o['commit']} | {n['commit']} |",
+        f"| wheel sha256 | {o.get('sha256') or '-'} | {n.get('sha256') or '-'} |",
+        f"| base (stack repo) | {o['git'][:12]} | {n['git'][:12]} |",
+        "",
+        "| # | patch | status | files | details |",
+        "|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(report["patches"], 1):
+        det = "<br>".join(r["details"] + [f"upstream: {c}" for c in r.get("upstream_commits", [])])
+        lines.append(f"| {i} | {r['patch']} | {r['status']} | {', '.join(r['files'])} | {det} |")
+    t = report.get("timings", {})
+    if t:
+        lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())]
+    return "\n".join(lines) + "\n"
+
+
+def short_table(report: dict) -> str:
+    rows = [f"  {i:>2}. {r['status']:<16} {r['patch']}" for i, r in enumerate(report["patches"], 1)]
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- state
+
+
+@dataclasses.dataclass
+class State:
+    path: Path
+    data: dict
+
+    @classmethod
+    def load(cls, project: Project) -> State | None:
+        p = project.cache / "rebase" / "state.json"
+        return cls(p, json.loads(p.read_text())) if p.is_file() else None
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def _target_base(project: Project, onto: str, git_path, wheel_arg, timings) -> tuple[Base, Pin]:
+    kind = classify_target(onto, git_path)
+    old = project.pin
+    verified = VerifiedCache(project.cache / "verified.json")
+    t = time.perf_counter()
+    wheel = sha = None
+    if kind == "wheel":
+        wheel = Path(onto).resolve()
+        if not wheel.is_file():
+            raise VstackError(f"no such wheel file: {onto}")
+    elif kind == "version":
+        wheel = fetch_wheel(onto, project.wheel_cache, verified=verified)
+    if kind == "git" and wheel_arg:
+        wheel = Path(wheel_arg) if wheel_arg.endswith(".whl") else fetch_wheel(
+            wheel_arg, project.wheel_cache, verified=verified
+        )
+    if wheel is not None:
+        sha = sha256_file(wheel)
+    timings["download"] = time.perf_counter() - t
+    t = time.perf_counter()
+    if kind == "git":
+        checkout = Path(git_path).resolve() if git_path else project.submodule
+        if not gitutil.is_repo(checkout):
+            raise VstackError(f"{checkout} is not a git checkout")
+        version = _describe_version(checkout, onto)
+        base = base_from_git(project, checkout, onto, version)
+        commit = "g" + base.commit[:9]
+    else:
+        version, commit = read_wheel_version(wheel)
+        base = base_from_wheel(project, wheel, sha)
+        commit = commit or ""
+    timings["base_extraction"] = time.perf_counter() - t
+    image = f"vllm/vllm-openai:v{version}" if re.fullmatch(r"\d+\.\d+\.\d+", version) else old.image
+    pin = Pin(
+        version=version, commit=commit, wheel=wheel.name if wheel else "",
+        sha256=sha or "", image=image, image_digest="",
+    )  # fmt: skip
+    return base, pin
+
+
+def _describe_version(checkout: Path, rev: str) -> str:
+    p = gitutil.git(checkout, "describe", "--tags", "--abbrev=0", rev, check=False)
+    tag = p.stdout.strip()
+    sha = gitutil.out(checkout, "rev-parse", "--short=9", f"{rev}^{{commit}}")
+    if p.returncode != 0 or not tag:
+        return f"0.0.0.dev0+g{sha}"
+    return tag.lstrip("v") if gitutil.out(checkout, "rev-parse", f"{tag}^{{commit}}").startswith(
+        gitutil.out(checkout, "rev-parse", f"{rev}^{{commit}}")
+    ) else f"{tag.lstrip('v')}.dev0+g{sha}"
+
+
+def _upstream_subjects(repo: Path, old: str, new: str) -> list[str] | None:
+    """Subjects of upstream commits old..new, or None when the bases share no history."""
+    p = gitutil.git(repo, "merge-base", "--is-ancestor", old, new, check=False)
+    if p.returncode != 0:
+        return None
+    return gitutil.out(repo, "log", "--no-merges", "--format=%h %s", f"{old}..{new}").splitlines()
+
+
+def _blame_conflicts(repo: Path, old_base: str, files: list[str], has_history: bool) -> list[str]:
+    if not has_history:
+        return []
+    found: dict[str, str] = {}
+    for f in files:
+        path = repo / f
+        if not path.is_file():
+            continue
+        for a, b in ours_ranges(path.read_text(errors="replace")):
+            p = gitutil.git(
+                repo, "blame", "--line-porcelain", "-L", f"{a},{b}",
+                f"{old_base}..HEAD", "--", f, check=False,
+            )  # fmt: skip
+            sha = None
+            for ln in p.stdout.splitlines():
+                m = re.match(r"^([0-9a-f]{40}) \d+ \d+", ln)
+                if m:
+                    sha = m.group(1)
+                elif ln == "boundary":
+                    sha = None
+                elif ln.startswith("summary ") and sha:
+                    found.setdefault(sha[:12], f"{sha[:12]} {ln[8:]} ({f}:{a}-{b})")
+    return list(found.values())
+
+
+def _run_patches(project: Project, state: State) -> int:
+    repo = project.repo
+    d = state.data
+    patches = [project.patches_dir / n for n in d["patches"]]
+    subjects = d.get("upstream_subjects")
+    t = time.perf_counter()
+    while d["next"] < len(patches):
+        patch = patches[d["next"]]
+        info = parse_patch(patch.read_text(errors="replace"))
+        rev = gitutil.git(repo, "apply", "--check", "--reverse", str(patch), check=False)
+        pr_hit = None
+        for pr in info.trailers.get("Upstream-PR", []):
+            pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
+        if rev.returncode == 0 or pr_hit:
+            why = [f"upstream commit: {pr_hit}"] if pr_hit else ["the new base already contains it (reverse-applies cleanly)"]
+            r = PatchResult(patch.name, "dropped-upstream", info.files, why)
+        else:
+            r = apply_one(repo, patch)
+        res = dataclasses.asdict(r)
+        if r.status == "conflict":
+            res["upstream_commits"] = _blame_conflicts(repo, d["old_base"], r.files, subjects is not None)
+            d["results"].append(res)
+            d["timings"]["apply"] = d["timings"].get("apply", 0) + time.perf_counter() - t
+            state.save()
+            _print_conflict(project, res)
+            return 1
+        d["results"].append(res)
+        d["next"] += 1
+        print(f"  [{d['next']}/{len(patches)}] {r.status:<16} {patch.name}")
+        state.save()
+    d["timings"]["apply"] = d["timings"].get("apply", 0) + time.perf_counter() - t
+    return _finish(project, state)
+
+
+def _print_conflict(project: Project, res: dict) -> None:
+    repo = project.repo
+    print(f"  conflict in {res['patch']}:", file=sys.stderr)
+    for line in res["details"]:
+        print(f"     {line}", file=sys.stderr)
+    for c in res.get("upstream_commits", []):
+        print(f"     upstream: {c}", file=sys.stderr)
+    print(
+        f"vstack: resolve the conflict markers in {repo} "
+        f"({', '.join(res['files'])}), then `vstack rebase --continue`; "
+        f"or `vstack rebase --abort` to put everything back. "
+        f"patches/ and {STACK_TOML} are unchanged until the rebase completes.",
+        file=sys.stderr,
+    )
+
+
+def _finish(project: Project, state: State) -> int:
+    d = state.data
+    repo = project.repo
+    t = time.perf_counter()
+    new = render(repo, d["new_base"], f"refs/heads/{WORK_BRANCH}")
+    write_patches(project.patches_dir, new, project.cache / "backup")
+    new_pin = Pin(**d["new_pin"])
+    toml = project.root / STACK_TOML
+    toml.write_text(render_stack_toml(toml.read_text(), new_pin))
+    mark_synced(repo)
+    d["timings"]["export"] = time.perf_counter() - t
+    report = {
+        "old": {**d["old_pin"], "git": d["old_base"]},
+        "new": {**d["new_pin"], "git": d["new_base"]},
+        "target": d["target"],
+        "patches": d["results"],
+        "timings": d["timings"],
+    }
+    md, js = write_report(project, report)
+    state.clear()
+    print(short_table(report))
+    kept = sum(r["status"] != "dropped-upstream" for r in d["results"])
+    print(
+        f"vstack: rebased onto vLLM {new_pin.version}: {kept} patch(es) kept, "
+        f"{len(d['results']) - kept} dropped upstream; {STACK_TOML} and patches/ updated"
+    )
+    print("vstack: timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in d["timings"].items()))
+    print(f"vstack: report: {md} and {js}")
+    return 0
+
+
+def write_report(project: Project, report: dict) -> tuple[Path, Path]:
+    out = project.cache / "reports"
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / "rebase.md", out / "rebase.json"
+    md.write_text(render_report(report))
+    js.write_text(json.dumps(report, indent=2) + "\n")
+    return md, js
+
+
+def _project_files_dirty(project: Project) -> list[str]:
+    if not gitutil.is_repo(project.root):
+        return []
+    p = gitutil.git(project.root, "status", "--porcelain", "--", "patches", STACK_TOML, check=False)
+    return [ln[3:] for ln in p.stdout.splitlines()]
+
+
+# ---------------------------------------------------------------- verbs
+
+
+def cmd_rebase(project: Project, onto: str, git_path: str | None = None, wheel: str | None = None) -> int:
+    if State.load(project):
+        raise VstackError(
+            "a rebase is already in progress: `vstack rebase --continue` after resolving, "
+            "or `vstack rebase --abort`"
+        )
+    dirty = _project_files_dirty(project)
+    if dirty:
+        raise VstackError(
+            f"uncommitted changes in {', '.join(dirty[:3])}: commit or stash them first "
+            f"(a rebase rewrites patches/ and {STACK_TOML})"
+        )
+    patches = series_paths(project.patches_dir)
+    old_base = pinned_base_anywhere(project)
+    repo = project.repo
+    ensure_clean(repo)
+    work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
+    if work and work != gitutil.rev_parse(repo, SYNCED_REF):
+        from vstack.export import unexported_changes
+
+        if unexported_changes(project, old_base):
+            raise VstackError(
+                f"branch '{WORK_BRANCH}' has commits that patches/ does not have: "
+                f"run `vstack export` (or `vstack apply --force`) before rebasing"
+            )
+    timings: dict[str, float] = {}
+    new_base, new_pin = _target_base(project, onto, git_path, wheel, timings)
+    if new_base.commit == old_base.commit:
+        raise VstackError(f"{onto} is the current base ({old_base.commit[:12]}); nothing to do")
+    state = State(project.cache / "rebase" / "state.json", {
+        "target": onto,
+        "old_pin": dataclasses.asdict(project.pin),
+        "new_pin": dataclasses.asdict(new_pin),
+        "old_base": old_base.commit,
+        "new_base": new_base.commit,
+        "old_work": work,
+        "old_synced": gitutil.rev_parse(repo, SYNCED_REF),
+        "old_head": gitutil.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or gitutil.out(repo, "rev-parse", "HEAD"),
+        "patches": [p.name for p in patches],
+        "results": [],
+        "next": 0,
+        "timings": timings,
+        "upstream_subjects": _upstream_subjects(repo, old_base.commit, new_base.commit),
+    })  # fmt: skip
+    state.save()
+    gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, new_base.commit)
+    print(
+        f"vstack: rebasing {len(patches)} patch(es): vLLM {project.pin.version} "
+        f"({old_base.commit[:12]}) -> {new_pin.version} ({new_base.commit[:12]})"
+    )
+    return _run_patches(project, state)
+
+
+def cmd_continue(project: Project) -> int:
+    state = State.load(project)
+    if state is None:
+        raise VstackError("no rebase in progress")
+    repo = project.repo
+    d = state.data
+    last = d["results"][-1] if d["results"] else None
+    if not last or last["status"] != "conflict" or len(d["results"]) != d["next"] + 1:
+        return _run_patches(project, state)
+    unresolved = []
+    for f in last["files"]:
+        path = repo / f
+        if path.is_file():
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if MARKER.match(line):
+                    unresolved.append(f"{f}:{n}")
+                    break
+    if unresolved:
+        raise VstackError(f"unresolved conflict markers in {', '.join(unresolved)}; resolve them, then --continue")
+    if (Path(gitutil.out(repo, "rev-parse", "--absolute-git-dir")) / "rebase-apply").exists():
+        for f in last["files"]:
+            gitutil.git(repo, "add", "--", f, check=False)
+        p = gitutil.git(repo, "am", "--continue", check=False, env=AM_ENV)
+        if p.returncode != 0:
+            raise VstackError(f"git am --continue failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}")
+    last["status"] = "conflict-resolved"
+    d["next"] += 1
+    state.save()
+    print(f"  [{d['next']}/{len(d['patches'])}] conflict-resolved {last['patch']}")
+    return _run_patches(project, state)
+
+
+def cmd_abort(project: Project) -> int:
+    state = State.load(project)
+    if state is None:
+        raise VstackError("no rebase in progress")
+    repo = project.repo
+    d = state.data
+    if gitutil.op_in_progress(repo):
+        gitutil.git(repo, "am", "--abort", check=False)
+    if d["old_work"]:
+        gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, d["old_work"])
+    else:
+        gitutil.git(repo, "checkout", "-q", "-f", "--detach", d["old_base"])
+        gitutil.git(repo, "branch", "-q", "-D", WORK_BRANCH, check=False)
+    head = d["old_head"]
+    if head.startswith("refs/heads/") and head != f"refs/heads/{WORK_BRANCH}":
+        gitutil.git(repo, "checkout", "-q", "-f", head[len("refs/heads/"):], check=False)
+    if d["old_synced"]:
+        gitutil.git(repo, "update-ref", SYNCED_REF, d["old_synced"])
+    else:
+        gitutil.git(repo, "update-ref", "-d", SYNCED_REF, check=False)
+    gitutil.git(repo, "clean", "-q", "-fd", check=False)
+    state.clear()
+    print(f"vstack: rebase aborted; the work branch, patches/ and {STACK_TOML} are as before")
+    return 0

@@ -1,0 +1,152 @@
+"""vstack rebase between two synthetic wheels: every status, the report, --continue,
+--abort, and the bad-input cases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from vstack_testlib import git, make_wheel, sha256
+
+from vstack.rebase import ours_ranges, pr_in_subjects
+
+N = 60
+
+
+def _lines(changes=None, insert_top=0):
+    lines = [f"line {i}" for i in range(1, N + 1)]
+    for i, text in (changes or {}).items():
+        lines[i - 1] = text
+    return "".join(f"top {k}\n" for k in range(insert_top)) + "".join(x + "\n" for x in lines)
+
+
+@pytest.fixture
+def two_wheels(stack):
+    # upstream 1.1.0: a.py untouched, b.py changed near our edit (3-way), c.py changed
+    # on our line (conflict), d.py already has our change (dropped), e.py shifted (offset)
+    new = make_wheel(
+        stack.cache / "vllm-1.1.0-cp38-abi3-manylinux_2_28_x86_64.whl", version="1.1.0", commit="gdef5678",
+        files={
+            "vllm/a.py": _lines().encode(),
+            "vllm/b.py": _lines({12: "line 12 upstream"}).encode(),
+            "vllm/c.py": _lines({20: "line 20 upstream"}).encode(),
+            "vllm/d.py": _lines({30: "line 30 ours"}).encode(),
+            "vllm/e.py": _lines(insert_top=5).encode(),
+        },
+    )  # fmt: skip
+    old_files = {f"vllm/{x}.py": _lines().encode() for x in "abcde"}
+    old = make_wheel(stack.wheel, files=old_files)
+    (stack.root / "stack.toml").write_text(
+        (stack.root / "stack.toml").read_text().replace(
+            (stack.root / "stack.toml").read_text().split('sha256 = "')[1].split('"')[0], sha256(old)
+        )
+    )
+    edits = {"a": (5, "line 5 ours"), "b": (10, "line 10 ours"), "c": (20, "line 20 ours"),
+             "d": (30, "line 30 ours"), "e": (40, "line 40 ours")}  # fmt: skip
+    assert stack.run("apply") == 0
+    for x, (n, text) in edits.items():
+        stack.commit_on_work(
+            f"vllm/{x}.py", _lines({n: text}),
+            f"[EPLB] Edit {x}\n\nOur change to {x} exists for testing.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+        )  # fmt: skip
+    assert stack.run("export") == 0
+    git(stack.root, "init", "-q")
+    (stack.root / ".gitignore").write_text("/.vstack/\n")
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "stack")
+    return new
+
+
+def _project_state(stack):
+    return stack.snapshot(), git(stack.root, "status", "--porcelain")
+
+
+def test_rebase_classifies_each_patch_and_stops_at_conflict(stack, two_wheels, capsys):
+    before = _project_state(stack)
+    capsys.readouterr()
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    cap = capsys.readouterr()
+    out = cap.out + cap.err
+    assert "[1/5] clean            eplb-edit-a.patch" in out
+    assert "[2/5] 3way             eplb-edit-b.patch" in out
+    assert "conflict in eplb-edit-c.patch" in out and "vllm/c.py" in out
+    assert "hunk -17,7 +17,7 failed" in out
+    assert "vstack rebase --continue" in out and "--abort" in out
+    assert _project_state(stack) == before  # patches/ and stack.toml untouched
+    assert "<<<<<<<" in (stack.repo / "vllm/c.py").read_text()
+    # a second rebase while this one is open is refused
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    assert "already in progress" in capsys.readouterr().err
+    # --continue with markers left is refused, nothing lost
+    assert stack.run("rebase", "--continue") == 1
+    assert "unresolved conflict markers in vllm/c.py:" in capsys.readouterr().err
+    assert "<<<<<<<" in (stack.repo / "vllm/c.py").read_text()
+    # resolve: keep both edits
+    (stack.repo / "vllm/c.py").write_text(_lines({20: "line 20 upstream and ours"}))
+    assert stack.run("rebase", "--continue") == 0
+    out = capsys.readouterr().out
+    assert "dropped-upstream" in out and "eplb-edit-d.patch" in out
+    assert "offset" in out and "eplb-edit-e.patch" in out
+    series = [ln for ln in (stack.root / "patches/series").read_text().splitlines() if not ln.startswith("#")]
+    assert series == ["eplb-edit-a.patch", "eplb-edit-b.patch", "eplb-edit-c.patch", "eplb-edit-e.patch"]
+    assert not (stack.root / "patches/eplb-edit-d.patch").exists()
+    toml = (stack.root / "stack.toml").read_text()
+    assert 'version = "1.1.0"' in toml and 'commit = "gdef5678"' in toml
+    assert f'sha256 = "{sha256(two_wheels)}"' in toml and two_wheels.name in toml
+    report = json.loads((stack.root / ".vstack/reports/rebase.json").read_text())
+    assert [r["status"] for r in report["patches"]] == ["clean", "3way", "conflict-resolved", "dropped-upstream", "offset"]
+    assert report["old"]["version"] == "1.0.0" and report["new"]["version"] == "1.1.0"
+    assert set(report["timings"]) >= {"download", "base_extraction", "apply", "export"}
+    md = (stack.root / ".vstack/reports/rebase.md").read_text()
+    assert "| 3 | eplb-edit-c.patch | conflict-resolved | vllm/c.py |" in md
+    # the refreshed series applies cleanly on the new base and round-trips
+    assert stack.run("apply") == 0
+    assert stack.run("export", "--check") == 0
+    assert "line 20 upstream and ours" in (stack.repo / "vllm/c.py").read_text()
+
+
+def test_abort_restores_everything(stack, two_wheels, capsys):
+    work_before = git(stack.repo, "rev-parse", "work").strip()
+    tree_before = {p: (stack.repo / p).read_bytes() for p in ("vllm/a.py", "vllm/c.py")}
+    before = _project_state(stack)
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    assert stack.run("rebase", "--abort") == 0
+    assert _project_state(stack) == before
+    assert git(stack.repo, "rev-parse", "work").strip() == work_before
+    assert git(stack.repo, "status", "--porcelain") == ""
+    assert {p: (stack.repo / p).read_bytes() for p in tree_before} == tree_before
+    assert not (stack.root / ".vstack/rebase").exists()
+    assert stack.run("rebase", "--continue") == 1
+    assert "no rebase in progress" in capsys.readouterr().err
+
+
+def test_bad_inputs_change_nothing(stack, two_wheels, capsys):
+    before = _project_state(stack)
+    assert stack.run("rebase", "--onto", "99.0.0") == 1
+    assert "could not download vllm==99.0.0" in capsys.readouterr().err
+    assert stack.run("rebase", "--onto", "not a target") == 1
+    assert "cannot tell what" in capsys.readouterr().err
+    assert stack.run("rebase", "--onto", str(stack.cache / "missing.whl")) == 1
+    assert "no such wheel file" in capsys.readouterr().err
+    assert _project_state(stack) == before
+    # a dirty project tree is refused
+    (stack.root / "patches/series").write_text("# edited\n" + (stack.root / "patches/series").read_text())
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    assert "uncommitted changes in patches/series" in capsys.readouterr().err
+    git(stack.root, "checkout", "--", "patches/series")
+    # a wheel whose recorded hash no longer matches (pinned base corrupted)
+    stack.wheel.write_bytes(stack.wheel.read_bytes() + b"x")
+    subprocess.run(["rm", "-rf", str(stack.root / ".vstack")], check=True)
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    assert "sha256 mismatch" in capsys.readouterr().err
+    assert _project_state(stack) == before
+
+
+def test_pr_number_and_conflict_ranges_helpers():
+    subjects = ["abc123 [EPLB] Fuse mapping (#4321)", "def456 [Misc] other (#12)"]
+    assert pr_in_subjects("4321", subjects) == subjects[0]
+    assert pr_in_subjects("https://github.com/vllm-project/vllm/pull/12", subjects) == subjects[1]
+    assert pr_in_subjects("432", subjects) is None
+    text = "a\nb\n<<<<<<< HEAD\nx\ny\n=======\nz\n>>>>>>> p\nc\n<<<<<<< HEAD\nq\n=======\nr\n>>>>>>> p\n"
+    assert ours_ranges(text) == [(3, 4), (6, 6)]

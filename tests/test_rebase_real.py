@@ -1,0 +1,112 @@
+"""rebase between two real vLLM release wheels (0.33.0 -> 0.34.0) with fixture
+patches derived from the real code so that each status is exercised: one applies
+cleanly, one needs a 3-way merge, one conflicts, one is already upstream."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+from vstack_testlib import Stack, git
+
+from vstack.config import load_project
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = "0.34.0"
+pytestmark = pytest.mark.real_wheel
+
+
+def _py_sources(wheel: Path) -> dict[str, str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {
+            n: zf.read(n).decode()
+            for n in zf.namelist()
+            if n.startswith("vllm/distributed/") and n.endswith(".py")
+        }
+
+
+def _pick(old: dict[str, str], new: dict[str, str]):
+    same = sorted(n for n in old if new.get(n) == old[n] and old[n].count("\n") > 20)
+    dropped = three = conflict = None
+    for name in sorted(n for n in old if n in new and new[n] != old[n]):
+        a, b = old[name].splitlines(True), new[name].splitlines(True)
+        ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
+        if dropped is None and len(ops) <= 3:
+            dropped = name
+            continue
+        first = ops[0]
+        if three is None and first[0] == "replace" and first[1] >= 6 and first == ops[0]:
+            three = (name, first[1] - 2)  # our edit, one unchanged line before upstream's
+            continue
+        if conflict is None and first[0] == "replace":
+            conflict = (name, first[1])  # the very line upstream replaced
+        if dropped and three and conflict:
+            break
+    assert same and dropped and three and conflict, "0.33 -> 0.34 offers no fixture candidates"
+    return same[0], dropped, three, conflict
+
+
+@pytest.fixture
+def real_stack(tmp_path, monkeypatch):
+    real = load_project(ROOT)
+    cache = real.wheel_cache
+    if not (cache / real.pin.wheel).is_file() and os.environ.get("VSTACK_OFFLINE"):
+        pytest.skip("VSTACK_OFFLINE and the pinned wheel is not cached")
+    root = tmp_path / "proj"
+    (root / "patches").mkdir(parents=True)
+    shutil.copy(ROOT / "stack.toml", root / "stack.toml")
+    (root / "patches" / "series").write_text("")
+    (root / ".gitignore").write_text("/.vstack/\n")
+    monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(cache))
+    return Stack(root, cache, cache / real.pin.wheel)
+
+
+def _edit_line(text: str, line_no: int, marker: str) -> str:
+    lines = text.splitlines(True)
+    lines[line_no] = f"# {marker}\n" if not lines[line_no].strip() else lines[line_no].rstrip("\n") + f"  # {marker}\n"
+    return "".join(lines)
+
+
+def test_rebase_real_releases_each_status(real_stack, capsys):
+    s = real_stack
+    assert s.run("base") == 0
+    from vstack.fetch import fetch_wheel
+
+    new_wheel = fetch_wheel(NEW, s.cache)
+    old_src, new_src = _py_sources(s.wheel), _py_sources(new_wheel)
+    same, dropped, (three, three_line), (conf, conf_line) = _pick(old_src, new_src)
+    msg = "{subj}\n\nFixture patch for the rebase test of real releases.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>"
+    assert s.run("apply") == 0
+    s.commit_on_work(same, _edit_line(old_src[same], 3, "ours: clean"), msg.format(subj="[Test] Clean"))
+    s.commit_on_work(three, _edit_line(old_src[three], three_line, "ours: 3way"), msg.format(subj="[Test] Three way"))
+    s.commit_on_work(conf, _edit_line(old_src[conf], conf_line, "ours: conflict"), msg.format(subj="[Test] Conflict"))
+    s.commit_on_work(dropped, new_src[dropped], msg.format(subj="[Test] Already upstream"))
+    assert s.run("export") == 0
+    git(s.root, "init", "-q")
+    git(s.root, "add", "-A")
+    git(s.root, "commit", "-q", "-m", "stack")
+    capsys.readouterr()
+    assert s.run("rebase", "--onto", NEW) == 1
+    err = capsys.readouterr().err
+    assert "conflict in test-conflict.patch" in err and conf in err and "hunk" in err
+    (s.repo / conf).write_text(new_src[conf] + "# ours: conflict, resolved\n")
+    assert s.run("rebase", "--continue") == 0
+    report = json.loads((s.root / ".vstack/reports/rebase.json").read_text())
+    assert [(r["patch"], r["status"]) for r in report["patches"]] == [
+        ("test-clean.patch", "clean"),
+        ("test-three-way.patch", "3way"),
+        ("test-conflict.patch", "conflict-resolved"),
+        ("test-already-upstream.patch", "dropped-upstream"),
+    ]
+    assert report["new"]["version"] == NEW and report["new"]["commit"].startswith("g")
+    toml = (s.root / "stack.toml").read_text()
+    assert f'version = "{NEW}"' in toml and new_wheel.name in toml
+    assert f'image = "vllm/vllm-openai:v{NEW}"' in toml
+    series = [ln for ln in (s.root / "patches/series").read_text().splitlines() if not ln.startswith("#")]
+    assert series == ["test-clean.patch", "test-three-way.patch", "test-conflict.patch"]
+    assert s.run("export", "--check") == 0
