@@ -84,3 +84,43 @@ def bench_build(project: Project, repeat: int = 3) -> int:
     print(f"results: {out.relative_to(project.root)}")
     ok = res["build_over_copy"] <= 3 and res["naive_over_build"] >= 10
     return 0 if ok else 2
+
+
+def bench_rebase(project: Project, onto: str) -> int:
+    """Rebase a throwaway copy of this stack (stack.toml + patches/) onto `onto`,
+    end to end in a fresh .vstack (wheels from the warm cache), and print the split."""
+    import subprocess
+
+    from vstack.config import load_project
+    from vstack.rebase import cmd_abort, cmd_rebase
+
+    with tempfile.TemporaryDirectory(prefix="vstack-bench-rebase-") as tmp:
+        root = Path(tmp)
+        shutil.copy(project.root / "stack.toml", root / "stack.toml")
+        shutil.copytree(project.patches_dir, root / "patches")
+        (root / ".gitignore").write_text("/.vstack/\n")
+        for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "copy"]):
+            subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+        copy = load_project(root)
+        t = time.perf_counter()
+        rc = cmd_rebase(copy, onto)
+        total = time.perf_counter() - t
+        report_path = copy.cache / "reports" / "rebase.json"
+        state_path = copy.cache / "rebase" / "state.json"
+        if rc != 0:
+            timings = json.loads(state_path.read_text())["timings"]
+            cmd_abort(copy)
+        else:
+            timings = json.loads(report_path.read_text())["timings"]
+    print(f"\n{'step':<20}{'seconds':>10}")
+    for k in ("download", "base_extraction", "apply", "export"):
+        print(f"{k:<20}{timings.get(k, 0.0):>10.2f}")
+    print(f"{'total (end to end)':<20}{total:>10.2f}   target <= 60 s")
+    res = {"onto": onto, "rc": rc, "timings": timings, "total_s": round(total, 2),
+           "machine": f"{platform.machine()} {os.cpu_count()} cores, CPU only",
+           "command": f"scripts/vstack bench rebase --onto {onto}",
+           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    out = project.root / "benchmarks" / "results" / "bench_rebase.json"
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"results: {out.relative_to(project.root)}")
+    return 0 if total <= 60 else 2

@@ -92,9 +92,25 @@ def run_rebase(args):
     return rebase.cmd_rebase(project, args.onto, args.git, args.wheel)
 
 
-def run_bench(args):
-    from vstack.bench import bench_build
+def run_check(args):
+    from vstack.check import cmd_check
 
+    if not args.per_patch:
+        raise VstackError("only --per-patch is implemented: vstack check --per-patch")
+    return cmd_check(_project(args), args.python)
+
+
+def run_upstream(args):
+    from vstack.upstream import cmd_upstream
+
+    return cmd_upstream(_project(args), args.patch, args.git, args.base)
+
+
+def run_bench(args):
+    from vstack.bench import bench_build, bench_rebase
+
+    if args.what == "rebase":
+        return bench_rebase(_project(args), args.onto)
     return bench_build(_project(args), repeat=args.repeat)
 
 
@@ -181,9 +197,39 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--abort", action="store_true", help="give up and restore the state before the rebase")
     s.set_defaults(func=run_rebase)
 
+    s = sub.add_parser(
+        "check", help="per series prefix: applies, compiles, imports, tests added so far pass",
+        description="For each prefix of the series (like git rebase --exec): it applies; "
+        "the Python files it touches compile; the vllm modules it touches import in the "
+        "test environment (scripts/test's, or --python / VSTACK_TEST_PYTHON); the tests "
+        "added so far pass. The first failing prefix is named.",
+    )  # fmt: skip
+    s.add_argument("--per-patch", action="store_true", required=True)
+    s.add_argument("--python", help="interpreter of the test environment")
+    s.set_defaults(func=run_check)
+
+    s = sub.add_parser(
+        "upstream", help="prepare a vLLM PR from one patch (offline, never pushes)",
+        description="Commits the patch and the earlier series patches it depends on "
+        "(named) on the upstream base, stack-only trailers removed: as a branch "
+        "vstack/<patch>-v<N> in a vLLM checkout (--git PATH or the populated vllm/ "
+        "submodule; --base REV, default the pinned commit), else as an mbox. Runs "
+        "vLLM's checks on the changed files (ruff check / format with vLLM's config, "
+        "SPDX, no new torch.cuda calls, config fields documented, DCO) and writes "
+        "upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt}; numbers come only "
+        "from the results files the patch names in Stack-Results: trailers. A changed "
+        "patch becomes revision N+1, with a git range-diff against N. Exit 1 if a "
+        "check fails.",
+    )  # fmt: skip
+    s.add_argument("patch", help="a patches/series entry (or a unique part of its name)")
+    s.add_argument("--git", help="a vLLM git checkout (default: vllm/ when populated)")
+    s.add_argument("--base", help="upstream revision to branch from (default: the pinned commit)")
+    s.set_defaults(func=run_upstream)
+
     s = sub.add_parser("bench", help="benchmarks of the tool itself")
-    s.add_argument("what", choices=["build"])
-    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("what", choices=["build", "rebase"])
+    s.add_argument("--repeat", type=int, default=3, help="build: best of N runs")
+    s.add_argument("--onto", default="0.34.0", help="rebase: the target release")
     s.set_defaults(func=run_bench)
     return p
 
