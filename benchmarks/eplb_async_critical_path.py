@@ -271,7 +271,7 @@ def main():
     parser.add_argument("--base", default="/work/ref/v0.33.0")
     parser.add_argument("--patched", default="/work/dev/async_path")
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--step-ms", type=float, default=20.0)
+    parser.add_argument("--step-ms", type=float, default=50.0)
     parser.add_argument("--staged-layers", type=int, default=4)
     parser.add_argument(
         "--json",

@@ -27,5 +27,3 @@ def stack(tmp_path, monkeypatch) -> Stack:
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     return Stack(root, cache, wheel)
-
-

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 from vstack_testlib import git, write_stack_toml
 
 

@@ -82,7 +82,11 @@ def test_apply_never_modifies_patches_and_reports_per_patch(stack, capsys):
 
 def test_export_check_lists_files_that_would_change(stack, capsys):
     _edit_and_export(stack)
-    stack.commit_on_work("vllm/config.py", "A = 10\n", "[Misc] Tweak\n\nWhy: x.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
+    stack.commit_on_work(
+        "vllm/config.py",
+        "A = 10\n",
+        "[Misc] Tweak\n\nWhy: x.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+    )
     before = stack.snapshot()
     capsys.readouterr()
     assert stack.run("export", "--check") == 1
@@ -99,13 +103,19 @@ def test_export_check_without_work_branch_round_trips(stack):
 
 def test_apply_refuses_to_drop_unexported_commits(stack, capsys):
     _edit_and_export(stack)
-    stack.commit_on_work("vllm/config.py", "A = 10\n", "[Misc] Unexported\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
+    stack.commit_on_work(
+        "vllm/config.py",
+        "A = 10\n",
+        "[Misc] Unexported\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+    )
     tip = git(stack.repo, "rev-parse", "work").strip()
     assert stack.run("apply") == 1
     assert "run `vstack export` first" in capsys.readouterr().err
     assert git(stack.repo, "rev-parse", "work").strip() == tip
     assert stack.run("apply", "--force") == 0
-    backups = git(stack.repo, "for-each-ref", "--format=%(objectname)", "refs/vstack/backup/").split()
+    backups = git(
+        stack.repo, "for-each-ref", "--format=%(objectname)", "refs/vstack/backup/"
+    ).split()
     assert tip in backups
 
 

@@ -26,7 +26,13 @@ def _verify_record(zf: zipfile.ZipFile, dist_info: str) -> list[list[str]]:
             assert h == size == ""
             continue
         data = zf.read(name)
-        assert h == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert (
+            h
+            == "sha256="
+            + base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+            .rstrip(b"=")
+            .decode()
+        )
         assert int(size) == len(data)
     return rows
 
@@ -38,16 +44,34 @@ def test_empty_series_builds_with_empty_label(stack):
     with zipfile.ZipFile(whl) as zf:
         assert zf.testzip() is None
         _verify_record(zf, "vllm-1.0.0+eplb.empty.dist-info")
-        assert "Version: 1.0.0+eplb.empty\n" in zf.read("vllm-1.0.0+eplb.empty.dist-info/METADATA").decode()
-        assert "__version__ = version = '1.0.0+eplb.empty'" in zf.read("vllm/_version.py").decode()
+        assert (
+            "Version: 1.0.0+eplb.empty\n"
+            in zf.read("vllm-1.0.0+eplb.empty.dist-info/METADATA").decode()
+        )
+        assert (
+            "__version__ = version = '1.0.0+eplb.empty'"
+            in zf.read("vllm/_version.py").decode()
+        )
 
 
 def _series_with_changes(stack):
     assert stack.run("apply") == 0
     text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
-    stack.commit_on_work("vllm/distributed/eplb/state.py", text.replace("line 5\n", "line five\n"), STATE_PATCH_MESSAGE)
-    stack.commit_on_work("vllm/distributed/eplb/symm.py", "X = 1\n", "[EPLB] New module\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
-    stack.commit_on_work("tests/distributed/test_symm.py", "def test_x():\n    assert True\n", "[EPLB] Test\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
+    stack.commit_on_work(
+        "vllm/distributed/eplb/state.py",
+        text.replace("line 5\n", "line five\n"),
+        STATE_PATCH_MESSAGE,
+    )
+    stack.commit_on_work(
+        "vllm/distributed/eplb/symm.py",
+        "X = 1\n",
+        "[EPLB] New module\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+    )
+    stack.commit_on_work(
+        "tests/distributed/test_symm.py",
+        "def test_x():\n    assert True\n",
+        "[EPLB] Test\n\nWhy.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+    )
     assert stack.run("export") == 0
 
 
@@ -63,7 +87,9 @@ def test_build_replaces_adds_and_copies_the_rest_raw(stack):
     with zipfile.ZipFile(whl) as zf:
         assert zf.testzip() is None
         _verify_record(zf, dist_info)
-        assert zf.read("vllm/distributed/eplb/state.py").decode().count("line five") == 1
+        assert (
+            zf.read("vllm/distributed/eplb/state.py").decode().count("line five") == 1
+        )
         assert zf.read("vllm/distributed/eplb/symm.py") == b"X = 1\n"
         assert "tests/distributed/test_symm.py" not in zf.namelist()
         assert zf.namelist()[-1] == f"{dist_info}/RECORD"
@@ -74,7 +100,10 @@ def test_build_replaces_adds_and_copies_the_rest_raw(stack):
     src_bytes, out_bytes = stack.wheel.read_bytes(), whl.read_bytes()
     out_by_name = {m.name: m for m in out_members}
     for m in src_members:
-        if m.name in ("vllm/distributed/eplb/state.py", "vllm/_version.py") or ".dist-info/" in m.name:
+        if (
+            m.name in ("vllm/distributed/eplb/state.py", "vllm/_version.py")
+            or ".dist-info/" in m.name
+        ):
             continue
         o = out_by_name[m.name]
         assert out_bytes[o.offset : o.end] == src_bytes[m.offset : m.end], m.name
@@ -104,7 +133,10 @@ def test_dockerfile_installs_wheel_and_asserts_version(stack):
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert lines[0] == "FROM vllm/vllm-openai:v1.0.0"
     assert f"COPY {info['wheel']} /tmp/{info['wheel']}" in lines
-    assert any("pip install --no-deps --force-reinstall" in ln and info["wheel"] in ln for ln in lines)
+    assert any(
+        "pip install --no-deps --force-reinstall" in ln and info["wheel"] in ln
+        for ln in lines
+    )
     assert any(f"assert v == '{info['version']}'" in ln for ln in lines)
 
 

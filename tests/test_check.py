@@ -9,14 +9,18 @@ MSG = "{}\n\nA patch for the per-patch check test.\n\nUpstream-Status: pending\n
 
 def _series(stack, second_test_body):
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/feature.py", "VALUE = 41\n", MSG.format("[Test] Feature"))
+    stack.commit_on_work(
+        "vllm/feature.py", "VALUE = 41\n", MSG.format("[Test] Feature")
+    )
     stack.commit_on_work(
         "tests/test_feature.py",
         "from vllm.feature import VALUE\n\ndef test_value():\n    assert VALUE == 41\n",
         MSG.format("[Test] Feature test"),
     )
     stack.commit_on_work("vllm/feature.py", "VALUE = 42\n", MSG.format("[Test] Bump"))
-    stack.commit_on_work("vllm/broken.py", second_test_body, MSG.format("[Test] Broken"))
+    stack.commit_on_work(
+        "vllm/broken.py", second_test_body, MSG.format("[Test] Broken")
+    )
     assert stack.run("export") == 0
 
 
@@ -33,7 +37,9 @@ def test_per_patch_names_first_failing_prefix(stack, capsys):
 
 def test_per_patch_syntax_error_and_import(stack, capsys):
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/good.py", "import vllm.config\n", MSG.format("[Test] Good"))
+    stack.commit_on_work(
+        "vllm/good.py", "import vllm.config\n", MSG.format("[Test] Good")
+    )
     stack.commit_on_work("vllm/bad.py", "def f(:\n", MSG.format("[Test] Bad"))
     assert stack.run("export") == 0
     capsys.readouterr()
@@ -46,7 +52,9 @@ def test_per_patch_syntax_error_and_import(stack, capsys):
 
 def test_per_patch_import_failure(stack, capsys):
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/needs.py", "import not_a_module_anywhere\n", MSG.format("[Test] Needs"))
+    stack.commit_on_work(
+        "vllm/needs.py", "import not_a_module_anywhere\n", MSG.format("[Test] Needs")
+    )
     assert stack.run("export") == 0
     capsys.readouterr()
     assert stack.run("check", "--per-patch", "--python", sys.executable) == 1
@@ -57,7 +65,9 @@ def test_per_patch_import_failure(stack, capsys):
 
 def test_per_patch_all_pass(stack, capsys):
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/feature.py", "VALUE = 41\n", MSG.format("[Test] Feature"))
+    stack.commit_on_work(
+        "vllm/feature.py", "VALUE = 41\n", MSG.format("[Test] Feature")
+    )
     assert stack.run("export") == 0
     assert stack.run("check", "--per-patch", "--python", sys.executable) == 0
     assert "all 1 prefix(es) pass" in capsys.readouterr().out

@@ -27,7 +27,9 @@ def built(tmp_path_factory):
     except ImportError:
         pytest.skip("needs the CPU test environment (run scripts/test)")
     project = load_project(ROOT)
-    if not (project.wheel_cache / project.pin.wheel).is_file() and os.environ.get("VSTACK_OFFLINE"):
+    if not (project.wheel_cache / project.pin.wheel).is_file() and os.environ.get(
+        "VSTACK_OFFLINE"
+    ):
         pytest.skip("VSTACK_OFFLINE set and the pinned wheel is not cached")
     from vstack.build import build
 
@@ -70,7 +72,9 @@ def test_real_wheel_installs_and_reports_version(built, tmp_path):
         "print(json.dumps({'version': vllm.__version__, 'meta': d.version,"
         " 'file': vllm.__file__}))"
     )
-    proc = subprocess.run([str(py), "-c", code], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(py), "-c", code], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["version"] == info["version"] == got["meta"]
@@ -98,7 +102,10 @@ def test_real_wheel_record_verified_by_wheel_unpack(built, tmp_path):
     pytest.importorskip("wheel")
     _, wheel, info = built
     # `wheel unpack` checks every member against RECORD and fails on a mismatch.
-    subprocess.run([sys.executable, "-m", "wheel", "unpack", "-d", str(tmp_path), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "wheel", "unpack", "-d", str(tmp_path), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     with zipfile.ZipFile(wheel) as zf:
         assert f"vllm-{info['version']}.dist-info/RECORD" in zf.namelist()

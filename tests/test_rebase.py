@@ -18,7 +18,9 @@ def _lines(changes=None, insert_top=0):
     lines = [f"line {i}" for i in range(1, N + 1)]
     for i, text in (changes or {}).items():
         lines[i - 1] = text
-    return "".join(f"top {k}\n" for k in range(insert_top)) + "".join(x + "\n" for x in lines)
+    return "".join(f"top {k}\n" for k in range(insert_top)) + "".join(
+        x + "\n" for x in lines
+    )
 
 
 @pytest.fixture
@@ -38,8 +40,14 @@ def two_wheels(stack):
     old_files = {f"vllm/{x}.py": _lines().encode() for x in "abcde"}
     old = make_wheel(stack.wheel, files=old_files)
     (stack.root / "stack.toml").write_text(
-        (stack.root / "stack.toml").read_text().replace(
-            (stack.root / "stack.toml").read_text().split('sha256 = "')[1].split('"')[0], sha256(old)
+        (stack.root / "stack.toml")
+        .read_text()
+        .replace(
+            (stack.root / "stack.toml")
+            .read_text()
+            .split('sha256 = "')[1]
+            .split('"')[0],
+            sha256(old),
         )
     )
     edits = {"a": (5, "line 5 ours"), "b": (10, "line 10 ours"), "c": (20, "line 20 ours"),
@@ -88,14 +96,29 @@ def test_rebase_classifies_each_patch_and_stops_at_conflict(stack, two_wheels, c
     out = capsys.readouterr().out
     assert "dropped-upstream" in out and "eplb-edit-d.patch" in out
     assert "offset" in out and "eplb-edit-e.patch" in out
-    series = [ln for ln in (stack.root / "patches/series").read_text().splitlines() if not ln.startswith("#")]
-    assert series == ["eplb-edit-a.patch", "eplb-edit-b.patch", "eplb-edit-c.patch", "eplb-edit-e.patch"]
+    series = [
+        ln
+        for ln in (stack.root / "patches/series").read_text().splitlines()
+        if not ln.startswith("#")
+    ]
+    assert series == [
+        "eplb-edit-a.patch",
+        "eplb-edit-b.patch",
+        "eplb-edit-c.patch",
+        "eplb-edit-e.patch",
+    ]
     assert not (stack.root / "patches/eplb-edit-d.patch").exists()
     toml = (stack.root / "stack.toml").read_text()
     assert 'version = "1.1.0"' in toml and 'commit = "gdef5678"' in toml
     assert f'sha256 = "{sha256(two_wheels)}"' in toml and two_wheels.name in toml
     report = json.loads((stack.root / ".vstack/reports/rebase.json").read_text())
-    assert [r["status"] for r in report["patches"]] == ["clean", "3way", "conflict-resolved", "dropped-upstream", "offset"]
+    assert [r["status"] for r in report["patches"]] == [
+        "clean",
+        "3way",
+        "conflict-resolved",
+        "dropped-upstream",
+        "offset",
+    ]
     assert report["old"]["version"] == "1.0.0" and report["new"]["version"] == "1.1.0"
     assert set(report["timings"]) >= {"download", "base_extraction", "apply", "export"}
     md = (stack.root / ".vstack/reports/rebase.md").read_text()
@@ -131,7 +154,9 @@ def test_bad_inputs_change_nothing(stack, two_wheels, capsys):
     assert "no such wheel file" in capsys.readouterr().err
     assert _project_state(stack) == before
     # a dirty project tree is refused
-    (stack.root / "patches/series").write_text("# edited\n" + (stack.root / "patches/series").read_text())
+    (stack.root / "patches/series").write_text(
+        "# edited\n" + (stack.root / "patches/series").read_text()
+    )
     assert stack.run("rebase", "--onto", str(two_wheels)) == 1
     assert "uncommitted changes in patches/series" in capsys.readouterr().err
     git(stack.root, "checkout", "--", "patches/series")
@@ -146,7 +171,10 @@ def test_bad_inputs_change_nothing(stack, two_wheels, capsys):
 def test_pr_number_and_conflict_ranges_helpers():
     subjects = ["abc123 [EPLB] Fuse mapping (#4321)", "def456 [Misc] other (#12)"]
     assert pr_in_subjects("4321", subjects) == subjects[0]
-    assert pr_in_subjects("https://github.com/vllm-project/vllm/pull/12", subjects) == subjects[1]
+    assert (
+        pr_in_subjects("https://github.com/vllm-project/vllm/pull/12", subjects)
+        == subjects[1]
+    )
     assert pr_in_subjects("432", subjects) is None
     text = "a\nb\n<<<<<<< HEAD\nx\ny\n=======\nz\n>>>>>>> p\nc\n<<<<<<< HEAD\nq\n=======\nr\n>>>>>>> p\n"
     assert ours_ranges(text) == [(3, 4), (6, 6)]

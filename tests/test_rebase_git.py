@@ -28,10 +28,16 @@ def test_git_history_drops_by_pr_and_blames_conflicts(stack, capsys):
     write_stack_toml(stack.root, stack.wheel, commit="g" + old[:9])
     (stack.root / ".gitignore").write_text("/.vstack/\n/vllm/\n")
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/c.py", _lines({20: "line 20 ours"}),
-                         "[EPLB] Edit c\n\nOur edit of c, for the conflict case.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>")
-    stack.commit_on_work("vllm/f.py", _lines({5: "line 5 feature v1"}),
-                         "[EPLB] Feature\n\nOur feature, submitted upstream as a PR.\n\nUpstream-Status: submitted\nUpstream-PR: 888\nSigned-off-by: T <t@x>")
+    stack.commit_on_work(
+        "vllm/c.py",
+        _lines({20: "line 20 ours"}),
+        "[EPLB] Edit c\n\nOur edit of c, for the conflict case.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+    )
+    stack.commit_on_work(
+        "vllm/f.py",
+        _lines({5: "line 5 feature v1"}),
+        "[EPLB] Feature\n\nOur feature, submitted upstream as a PR.\n\nUpstream-Status: submitted\nUpstream-PR: 888\nSigned-off-by: T <t@x>",
+    )
     assert stack.run("export") == 0
     git(stack.root, "init", "-q")
     git(stack.root, "add", "-A")
@@ -55,7 +61,9 @@ def test_git_history_drops_by_pr_and_blames_conflicts(stack, capsys):
     assert by["eplb-feature.patch"]["status"] == "dropped-upstream"
     assert "[EPLB] Feature (#888)" in by["eplb-feature.patch"]["details"][0]
     assert by["eplb-edit-c.patch"]["status"] == "conflict-resolved"
-    assert any("Refactor c (#777)" in c for c in by["eplb-edit-c.patch"]["upstream_commits"])
+    assert any(
+        "Refactor c (#777)" in c for c in by["eplb-edit-c.patch"]["upstream_commits"]
+    )
     assert report["new"]["commit"] == "g" + new[:9]
     assert report["new"]["version"].startswith("1.0.0.dev0+g")
     series = (stack.root / "patches/series").read_text()

@@ -35,19 +35,33 @@ def _pick(old: dict[str, str], new: dict[str, str]):
     dropped = three = conflict = None
     for name in sorted(n for n in old if n in new and new[n] != old[n]):
         a, b = old[name].splitlines(True), new[name].splitlines(True)
-        ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
+        ops = [
+            op
+            for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+            if op[0] != "equal"
+        ]
         if dropped is None and len(ops) <= 3:
             dropped = name
             continue
         first = ops[0]
-        if three is None and first[0] == "replace" and first[1] >= 6 and first == ops[0]:
-            three = (name, first[1] - 2)  # our edit, one unchanged line before upstream's
+        if (
+            three is None
+            and first[0] == "replace"
+            and first[1] >= 6
+            and first == ops[0]
+        ):
+            three = (
+                name,
+                first[1] - 2,
+            )  # our edit, one unchanged line before upstream's
             continue
         if conflict is None and first[0] == "replace":
             conflict = (name, first[1])  # the very line upstream replaced
         if dropped and three and conflict:
             break
-    assert same and dropped and three and conflict, "0.33 -> 0.34 offers no fixture candidates"
+    assert same and dropped and three and conflict, (
+        "0.33 -> 0.34 offers no fixture candidates"
+    )
     return same[0], dropped, three, conflict
 
 
@@ -68,7 +82,11 @@ def real_stack(tmp_path, monkeypatch):
 
 def _edit_line(text: str, line_no: int, marker: str) -> str:
     lines = text.splitlines(True)
-    lines[line_no] = f"# {marker}\n" if not lines[line_no].strip() else lines[line_no].rstrip("\n") + f"  # {marker}\n"
+    lines[line_no] = (
+        f"# {marker}\n"
+        if not lines[line_no].strip()
+        else lines[line_no].rstrip("\n") + f"  # {marker}\n"
+    )
     return "".join(lines)
 
 
@@ -82,10 +100,24 @@ def test_rebase_real_releases_each_status(real_stack, capsys):
     same, dropped, (three, three_line), (conf, conf_line) = _pick(old_src, new_src)
     msg = "{subj}\n\nFixture patch for the rebase test of real releases.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>"
     assert s.run("apply") == 0
-    s.commit_on_work(same, _edit_line(old_src[same], 3, "ours: clean"), msg.format(subj="[Test] Clean"))
-    s.commit_on_work(three, _edit_line(old_src[three], three_line, "ours: 3way"), msg.format(subj="[Test] Three way"))
-    s.commit_on_work(conf, _edit_line(old_src[conf], conf_line, "ours: conflict"), msg.format(subj="[Test] Conflict"))
-    s.commit_on_work(dropped, new_src[dropped], msg.format(subj="[Test] Already upstream"))
+    s.commit_on_work(
+        same,
+        _edit_line(old_src[same], 3, "ours: clean"),
+        msg.format(subj="[Test] Clean"),
+    )
+    s.commit_on_work(
+        three,
+        _edit_line(old_src[three], three_line, "ours: 3way"),
+        msg.format(subj="[Test] Three way"),
+    )
+    s.commit_on_work(
+        conf,
+        _edit_line(old_src[conf], conf_line, "ours: conflict"),
+        msg.format(subj="[Test] Conflict"),
+    )
+    s.commit_on_work(
+        dropped, new_src[dropped], msg.format(subj="[Test] Already upstream")
+    )
     assert s.run("export") == 0
     git(s.root, "init", "-q")
     git(s.root, "add", "-A")
@@ -107,6 +139,10 @@ def test_rebase_real_releases_each_status(real_stack, capsys):
     toml = (s.root / "stack.toml").read_text()
     assert f'version = "{NEW}"' in toml and new_wheel.name in toml
     assert f'image = "vllm/vllm-openai:v{NEW}"' in toml
-    series = [ln for ln in (s.root / "patches/series").read_text().splitlines() if not ln.startswith("#")]
+    series = [
+        ln
+        for ln in (s.root / "patches/series").read_text().splitlines()
+        if not ln.startswith("#")
+    ]
     assert series == ["test-clean.patch", "test-three-way.patch", "test-conflict.patch"]
     assert s.run("export", "--check") == 0

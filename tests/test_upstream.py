@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 from vstack_testlib import ROOT, git, write_stack_toml
 
-from vstack.upstream import dependencies, strip_stack_trailers, undocumented_config_fields
+from vstack.upstream import (
+    dependencies,
+    strip_stack_trailers,
+    undocumented_config_fields,
+)
 
 SPDX = ("# SPDX-License-Identifier: Apache-2.0\n"
         "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n")  # fmt: skip
@@ -40,7 +44,11 @@ def _ruff_pyproject() -> str:
 def _need_ruff():
     import os
 
-    if not (os.environ.get("VSTACK_RUFF") or shutil.which("ruff") or (Path(sys.executable).parent / "ruff").exists()):
+    if not (
+        os.environ.get("VSTACK_RUFF")
+        or shutil.which("ruff")
+        or (Path(sys.executable).parent / "ruff").exists()
+    ):
         pytest.skip("ruff is not installed here (scripts/test's environment has it)")
 
 
@@ -53,7 +61,9 @@ def upstream_stack(stack, tmp_path):
     (up / "vllm" / "__init__.py").write_text("")
     (up / "vllm" / "config" / "__init__.py").write_text("")
     (up / "vllm" / "config" / "eplb.py").write_text(CONFIG)
-    (up / "vllm" / "eplb.py").write_text(SPDX + "\n\ndef step(x: int) -> int:\n    return x + 1\n")
+    (up / "vllm" / "eplb.py").write_text(
+        SPDX + "\n\ndef step(x: int) -> int:\n    return x + 1\n"
+    )
     git(up, "init", "-q")
     git(up, "add", ".")
     git(up, "commit", "-q", "-m", "upstream base")
@@ -65,8 +75,12 @@ def upstream_stack(stack, tmp_path):
         "when": "2026-12-02T00:00:00Z", "speedup_vs_baseline": 37.5, "p99_ms": {"before": 7.4, "after": 0.2},
     }))  # fmt: skip
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/helper.py", SPDX + "\n\ndef helper(x: int) -> int:\n    return 2 * x\n",
-                         "[EPLB] Add helper\n\nThe helper is needed by the step change that follows." + SIGNED)
+    stack.commit_on_work(
+        "vllm/helper.py",
+        SPDX + "\n\ndef helper(x: int) -> int:\n    return 2 * x\n",
+        "[EPLB] Add helper\n\nThe helper is needed by the step change that follows."
+        + SIGNED,
+    )
     stack.commit_on_work(
         "vllm/eplb.py",
         SPDX + "\nfrom vllm.helper import helper\n\n\ndef step(x: int) -> int:\n    return helper(x) + 1\n",
@@ -78,8 +92,11 @@ def upstream_stack(stack, tmp_path):
         CONFIG + "    new_knob: bool = False\n",
         "Add a knob\n\nA new knob for tuning, documented nowhere.\n\nUpstream-Status: pending",
     )
-    stack.commit_on_work("vllm/messy.py", SPDX + "import os\nimport torch\n\ntorch.cuda.synchronize()\n",
-                         "[Misc] Messy\n\nA change with lint problems for the test." + SIGNED)
+    stack.commit_on_work(
+        "vllm/messy.py",
+        SPDX + "import os\nimport torch\n\ntorch.cuda.synchronize()\n",
+        "[Misc] Messy\n\nA change with lint problems for the test." + SIGNED,
+    )
     assert stack.run("export") == 0
     return up
 
@@ -94,8 +111,15 @@ def test_branch_commits_dependencies_and_body(stack, upstream_stack, capsys):
     subjects = git(up, "log", "--format=%s", f"HEAD..{branch}").split("\n")
     assert subjects[:2] == ["[EPLB][Perf] Use helper in step", "[EPLB] Add helper"]
     msg = git(up, "log", "-1", "--format=%B", branch)
-    assert "Signed-off-by: T <t@x>" in msg and "Upstream-Status" not in msg and "Stack-Results" not in msg
-    assert git(up, "rev-parse", "HEAD").strip() == git(up, "rev-parse", f"{branch}~2").strip()
+    assert (
+        "Signed-off-by: T <t@x>" in msg
+        and "Upstream-Status" not in msg
+        and "Stack-Results" not in msg
+    )
+    assert (
+        git(up, "rev-parse", "HEAD").strip()
+        == git(up, "rev-parse", f"{branch}~2").strip()
+    )
     d = stack.root / "upstream" / "eplb-perf-use-helper-in-step"
     body = (d / "body.md").read_text()
     for section in ("## Purpose", "## Test Plan", "## Test Result"):
@@ -106,7 +130,10 @@ def test_branch_commits_dependencies_and_body(stack, upstream_stack, capsys):
     assert "Not measured on GPU." in body
     assert "[EPLB] Add helper (stack patch eplb-add-helper.patch)" in body
     assert (d / "title.txt").read_text() == "[EPLB][Perf] Use helper in step\n"
-    assert "push <your-fork> vstack/eplb-perf-use-helper-in-step-v1" in out and "gh pr create" in out
+    assert (
+        "push <your-fork> vstack/eplb-perf-use-helper-in-step-v1" in out
+        and "gh pr create" in out
+    )
 
 
 def test_checks_report_file_and_line(stack, upstream_stack, capsys):
@@ -128,7 +155,9 @@ def test_revision_two_shows_range_diff(stack, upstream_stack, capsys):
     assert stack.run("upstream", "eplb-add-helper.patch") == 0
     assert "revision 1;" in capsys.readouterr().out
     assert stack.run("apply") == 0
-    git(stack.repo, "rebase", "-q", "--exec", "true", "base/1.0.0")  # no-op, keeps history linear
+    git(
+        stack.repo, "rebase", "-q", "--exec", "true", "base/1.0.0"
+    )  # no-op, keeps history linear
     text = (stack.repo / "vllm/helper.py").read_text()
     git(stack.repo, "checkout", "-q", "-B", "tmp", "work~3")
     (stack.repo / "vllm/helper.py").write_text(text.replace("2 * x", "x << 1"))
@@ -143,35 +172,53 @@ def test_revision_two_shows_range_diff(stack, upstream_stack, capsys):
     d = stack.root / "upstream" / "eplb-add-helper"
     assert (d / "v1.mbox").is_file() and (d / "v2.mbox").is_file()
     assert "x << 1" in (d / "range-diff-v1-v2.txt").read_text()
-    assert git(upstream_stack, "rev-parse", "--verify", "vstack/eplb-add-helper-v2").strip()
+    assert git(
+        upstream_stack, "rev-parse", "--verify", "vstack/eplb-add-helper-v2"
+    ).strip()
 
 
 def test_no_checkout_writes_patch_file_and_body(stack, capsys):
     _need_ruff()
     assert stack.run("apply") == 0
-    stack.commit_on_work("vllm/helper.py", SPDX + "\n\ndef helper(x: int) -> int:\n    return 2 * x\n",
-                         "[EPLB] Add helper\n\nThe helper is needed by a later change." + SIGNED)
+    stack.commit_on_work(
+        "vllm/helper.py",
+        SPDX + "\n\ndef helper(x: int) -> int:\n    return 2 * x\n",
+        "[EPLB] Add helper\n\nThe helper is needed by a later change." + SIGNED,
+    )
     assert stack.run("export") == 0
     capsys.readouterr()
     assert stack.run("upstream", "eplb-add-helper") == 0
     out = capsys.readouterr().out
     d = stack.root / "upstream" / "eplb-add-helper"
     mbox = (d / "v1.mbox").read_text()
-    assert "Subject: [EPLB] Add helper" in mbox and "+def helper" in mbox and "Upstream-Status" not in mbox
+    assert (
+        "Subject: [EPLB] Add helper" in mbox
+        and "+def helper" in mbox
+        and "Upstream-Status" not in mbox
+    )
     assert "No recorded benchmark results" in (d / "body.md").read_text()
     assert "am " in out and "v1.mbox" in out
 
 
 def test_pure_helpers():
-    assert strip_stack_trailers("S\n\nBody.\n\nUpstream-Status: pending\nUpstream-PR: 1\nSigned-off-by: A <a@x>\n") == \
-        "S\n\nBody.\n\nSigned-off-by: A <a@x>\n"
+    assert (
+        strip_stack_trailers(
+            "S\n\nBody.\n\nUpstream-Status: pending\nUpstream-PR: 1\nSigned-off-by: A <a@x>\n"
+        )
+        == "S\n\nBody.\n\nSigned-off-by: A <a@x>\n"
+    )
 
-    class I:
+    class Info:
         def __init__(self, files):
             self.files = files
 
-    infos = [I(["a"]), I(["b"]), I(["c", "a"]), I(["c"])]
+    infos = [Info(["a"]), Info(["b"]), Info(["c", "a"]), Info(["c"])]
     assert dependencies(infos, 3, applies_alone=False) == [0, 2]
     assert dependencies(infos, 3, applies_alone=True) == []
-    found = undocumented_config_fields("c.py", "class C:\n    x: int\n    y: int = 1\n    '''doc'''\n", {2, 3})
-    assert [str(f) for f in found] == ["c.py:2: [config] C.x has no default", "c.py:2: [config] C.x has no docstring"]
+    found = undocumented_config_fields(
+        "c.py", "class C:\n    x: int\n    y: int = 1\n    '''doc'''\n", {2, 3}
+    )
+    assert [str(f) for f in found] == [
+        "c.py:2: [config] C.x has no default",
+        "c.py:2: [config] C.x has no docstring",
+    ]

@@ -22,7 +22,10 @@ SO_BYTES = bytes(range(256)) * 64  # stands in for a compiled extension
 
 
 def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return (
+        "sha256="
+        + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    )
 
 
 def make_wheel(path: Path, version="1.0.0", commit="gabc1234", files=None) -> Path:
@@ -61,7 +64,9 @@ def make_wheel(path: Path, version="1.0.0", commit="gabc1234", files=None) -> Pa
         rows.append([f"{dist}/RECORD", "", ""])
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(rows)
-        zf.writestr(zipfile.ZipInfo(f"{dist}/RECORD", (2024, 1, 2, 3, 4, 6)), buf.getvalue())
+        zf.writestr(
+            zipfile.ZipInfo(f"{dist}/RECORD", (2024, 1, 2, 3, 4, 6)), buf.getvalue()
+        )
     return path
 
 
@@ -69,7 +74,9 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_stack_toml(root: Path, wheel: Path, version="1.0.0", commit="gabc1234") -> None:
+def write_stack_toml(
+    root: Path, wheel: Path, version="1.0.0", commit="gabc1234"
+) -> None:
     (root / "stack.toml").write_text(
         "[base]\n"
         f'version = "{version}"\n'

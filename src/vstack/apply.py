@@ -44,14 +44,18 @@ def ensure_clean(repo: Path) -> None:
         )
     dirty = gitutil.status_porcelain(repo).splitlines()
     if dirty:
-        names = ", ".join(ln[3:] for ln in dirty[:3]) + (" ..." if len(dirty) > 3 else "")
+        names = ", ".join(ln[3:] for ln in dirty[:3]) + (
+            " ..." if len(dirty) > 3 else ""
+        )
         raise VstackError(
             f"{repo} has uncommitted changes ({names}): commit them and run "
             f"`vstack export`, or discard them with `git -C {repo} reset --hard`"
         )
 
 
-def _check(repo: Path, patch: Path) -> tuple[bool, list[str], list[tuple[str, int | None]]]:
+def _check(
+    repo: Path, patch: Path
+) -> tuple[bool, list[str], list[tuple[str, int | None]]]:
     """git apply --check: (applies, offset notes, failing (file, line))."""
     p = gitutil.git(repo, "apply", "--check", "--verbose", str(patch), check=False)
     text = p.stdout + p.stderr
@@ -59,7 +63,9 @@ def _check(repo: Path, patch: Path) -> tuple[bool, list[str], list[tuple[str, in
     fails: list[tuple[str, int | None]] = []
     for m in re.finditer(r"error: patch failed: (.+):(\d+)", text):
         fails.append((m.group(1), int(m.group(2))))
-    for m in re.finditer(r"error: (.+): (does not exist in index|No such file|already exists)", text):
+    for m in re.finditer(
+        r"error: (.+): (does not exist in index|No such file|already exists)", text
+    ):
         fails.append((m.group(1), None))
     return p.returncode == 0, offsets, fails
 
@@ -81,7 +87,9 @@ def apply_one(repo: Path, patch: Path) -> PatchResult:
             patch.name, "3way", info.files,
             [f"{f}:{ln} needed a 3-way merge" for f, ln in fails],
         )  # fmt: skip
-    conflicted = gitutil.out(repo, "diff", "--name-only", "--diff-filter=U").splitlines()
+    conflicted = gitutil.out(
+        repo, "diff", "--name-only", "--diff-filter=U"
+    ).splitlines()
     details = []
     for f, ln in fails or [(f, None) for f in conflicted]:
         for h in hunks_at(info, f, ln):
@@ -90,7 +98,9 @@ def apply_one(repo: Path, patch: Path) -> PatchResult:
             details.append(f"{f}: does not apply")
     if not details:
         details = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()][-3:]
-    return PatchResult(patch.name, "conflict", conflicted or sorted({f for f, _ in fails}), details)
+    return PatchResult(
+        patch.name, "conflict", conflicted or sorted({f for f, _ in fails}), details
+    )
 
 
 def start_work_branch(repo: Path, base: Base, branch: str = WORK_BRANCH) -> None:
@@ -120,25 +130,32 @@ def apply_patches(repo: Path, patches: list[Path], log=print) -> list[PatchResul
     return results
 
 
-def cmd_apply(project: Project, force: bool = False) -> int:
+def unexported_work(project: Project, base: Base) -> list[str]:
+    """patches/ files the work branch would change, if it has commits made since the
+    last apply/export (empty when the branch is exactly what vstack left there)."""
     from vstack.export import unexported_changes
 
+    tip = gitutil.rev_parse(project.repo, f"refs/heads/{WORK_BRANCH}")
+    if tip is None or tip == gitutil.rev_parse(project.repo, SYNCED_REF):
+        return []
+    return unexported_changes(project, base)
+
+
+def cmd_apply(project: Project, force: bool = False) -> int:
     patches = series_paths(project.patches_dir)
     base = ensure_base(project)
     repo = project.repo
     ensure_clean(repo)
-    tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
-    if tip and tip != gitutil.rev_parse(repo, SYNCED_REF):
-        changed = unexported_changes(project, base)
-        if changed and not force:
+    changed = unexported_work(project, base)
+    if changed:
+        if not force:
             raise VstackError(
                 f"branch '{WORK_BRANCH}' in {repo} has commits that patches/ does not have "
                 f"({', '.join(changed[:3])}): run `vstack export` first, or "
                 f"`vstack apply --force` to start over (the old tip is kept as a backup ref)"
             )
-        if changed:
-            log_ref = backup_branch(repo)
-            print(f"vstack: old work branch kept as {log_ref}")
+        log_ref = backup_branch(repo)
+        print(f"vstack: old work branch kept as {log_ref}")
     start_work_branch(repo, base)
     try:
         rc = _apply_and_report(project, base, patches)
@@ -156,7 +173,9 @@ def mark_synced(repo: Path) -> None:
 
 def _apply_and_report(project: Project, base: Base, patches: list[Path]) -> int:
     repo = project.repo
-    print(f"vstack: applying {len(patches)} patch(es) onto {base.version} ({base.commit[:12]}, from {base.source})")
+    print(
+        f"vstack: applying {len(patches)} patch(es) onto {base.version} ({base.commit[:12]}, from {base.source})"
+    )
     results = apply_patches(repo, patches)
     if results and not results[-1].ok:
         r = results[-1]

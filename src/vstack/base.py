@@ -189,7 +189,9 @@ def pinned_base_anywhere(project: Project, pin: Pin | None = None) -> Base:
         p = gitutil.git(project.submodule, "rev-parse", "--verify", "--quiet",
                         f"{pin.short_hash}^{{commit}}", check=False)  # fmt: skip
         if p.returncode == 0:
-            return base_from_git(project, project.submodule, p.stdout.strip(), pin.version)
+            return base_from_git(
+                project, project.submodule, p.stdout.strip(), pin.version
+            )
     return ensure_base(project, pin)
 
 
@@ -201,7 +203,9 @@ def pinned_wheel(project: Project, pin: Pin | None = None) -> Path:
             "`vstack rebase --onto <git rev> --wheel <file or version>`"
         )
     verified = VerifiedCache(project.cache / "verified.json")
-    wheel = fetch_wheel(pin.version, project.wheel_cache, pin.wheel, pin.sha256, verified)
+    wheel = fetch_wheel(
+        pin.version, project.wheel_cache, pin.wheel, pin.sha256, verified
+    )
     _, commit = read_wheel_version(wheel)
     if commit and commit != pin.commit:
         raise VstackError(

@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -99,8 +98,14 @@ def bench_rebase(project: Project, onto: str) -> int:
         shutil.copy(project.root / "stack.toml", root / "stack.toml")
         shutil.copytree(project.patches_dir, root / "patches")
         (root / ".gitignore").write_text("/.vstack/\n")
-        for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "copy"]):
-            subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+        for args in (
+            ["init", "-q"],
+            ["add", "-A"],
+            ["-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "copy"],
+        ):
+            subprocess.run(
+                ["git", "-C", str(root), *args], check=True, capture_output=True
+            )
         copy = load_project(root)
         t = time.perf_counter()
         rc = cmd_rebase(copy, onto)

@@ -65,7 +65,9 @@ def patch_version_py(text: str, version: str) -> str:
 
 
 def patch_metadata(text: str, version: str) -> str:
-    text, n = re.subn(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
+    text, n = re.subn(
+        r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M
+    )
     if n != 1:
         raise ValueError("METADATA has no Version field")
     return text
@@ -96,7 +98,9 @@ def plan_build(
     dist_old = f"vllm-{pin_version}.dist-info"
     if f"{dist_old}/RECORD" not in names:
         raise ValueError(f"{source_name} has no {dist_old}/RECORD")
-    packages = {n.split("/", 1)[0] for n in names if ".dist-info/" not in n and "/" in n}
+    packages = {
+        n.split("/", 1)[0] for n in names if ".dist-info/" not in n and "/" in n
+    }
     replaced, added, deleted, outside = {}, {}, set(), []
     for status, path, mode in changes:
         if path.split("/", 1)[0] not in packages:
@@ -115,12 +119,18 @@ def plan_build(
     )  # fmt: skip
 
 
-def write_wheel(source: Path, members: list[Member], plan: BuildPlan, out: Path) -> None:
-    dist_names = [m.name for m in members if m.name.startswith(plan.dist_info_old + "/")]
+def write_wheel(
+    source: Path, members: list[Member], plan: BuildPlan, out: Path
+) -> None:
+    dist_names = [
+        m.name for m in members if m.name.startswith(plan.dist_info_old + "/")
+    ]
     dist_data = read_named(source, [*dist_names, "vllm/_version.py"], members)
     record_text = dist_data[f"{plan.dist_info_old}/RECORD"].decode()
     version_py = dist_data["vllm/_version.py"].decode()
-    upstream_record = {row[0]: row for row in csv.reader(io.StringIO(record_text)) if row}
+    upstream_record = {
+        row[0]: row for row in csv.reader(io.StringIO(record_text)) if row
+    }
     replaced = dict(plan.replaced)
     replaced["vllm/_version.py"] = patch_version_py(
         replaced.get("vllm/_version.py", version_py.encode()).decode(), plan.version
@@ -156,7 +166,9 @@ def write_wheel(source: Path, members: list[Member], plan: BuildPlan, out: Path)
             w.add(name, data, stamp, attr)
             record.append([name, record_hash(data), str(len(data))])
         for m in members:
-            if not m.name.startswith(plan.dist_info_old + "/") or m.name.endswith("/RECORD"):
+            if not m.name.startswith(plan.dist_info_old + "/") or m.name.endswith(
+                "/RECORD"
+            ):
                 continue
             data = dist_data[m.name]
             if m.name.endswith("/METADATA"):
@@ -213,7 +225,9 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
     plan = plan_build(members, changes, blobs, pin.version, version, wheel.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / plan.wheel_name
-    log(f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new files) ...")
+    log(
+        f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new files) ..."
+    )
     write_wheel(wheel, members, plan, out)
     (out_dir / "Dockerfile").write_text(dockerfile(pin, plan, len(patches)))
     info = {

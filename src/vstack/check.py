@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,9 +32,13 @@ def test_env_python(project: Project) -> Path | None:
         [os.environ.get("PYTHON", "python3.11"), "-c", "import sys; print(sys.version_info[:2])"],
         capture_output=True, text=True,
     ).stdout  # fmt: skip
-    key = hashlib.sha256(lock.read_bytes() + f"{TORCH_PIN}\n".encode() + ver.encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        lock.read_bytes() + f"{TORCH_PIN}\n".encode() + ver.encode()
+    ).hexdigest()[:16]
     root = os.environ.get("VSTACK_VENV_ROOT") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vstack" / "venvs"
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "vstack"
+        / "venvs"
     )
     py = Path(root) / f"cpu-{key}" / "bin" / "python"
     return py if py.exists() else None
@@ -51,13 +53,17 @@ def module_name(path: str) -> str | None:
 
 def _env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(tree) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
-def check_prefix(repo: Path, prev: str, tip: str, added_tests: list[str], python: Path, log) -> list[str]:
+def check_prefix(
+    repo: Path, prev: str, tip: str, added_tests: list[str], python: Path, log
+) -> list[str]:
     """Problems of one prefix (empty when it passes)."""
     changes = gitutil.tree_changes(repo, prev, tip)
     touched = [p for s, p, _ in changes if s != "D" and p.endswith(".py")]
@@ -70,9 +76,7 @@ def check_prefix(repo: Path, prev: str, tip: str, added_tests: list[str], python
     if problems:
         return problems
     mods = [m for m in (module_name(p) for p in touched) if m]
-    tree = Path(tempfile.mkdtemp(prefix="check-", dir=repo.parent))
-    try:
-        gitutil.git(repo, "worktree", "add", "-q", "--detach", str(tree), tip)
+    with gitutil.temp_worktree(repo, tip, repo.parent) as tree:
         if mods:
             code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
             p = subprocess.run([str(python), "-c", code, *mods], cwd=tree, env=_env(tree),
@@ -93,18 +97,18 @@ def check_prefix(repo: Path, prev: str, tip: str, added_tests: list[str], python
             if p.returncode not in (0, 5):
                 problems.append(f"tests failed: {summary}")
             else:
-                log(f"      tests ({len(added_tests)} file(s), {time.perf_counter() - t:.0f} s): {summary}")
-    finally:
-        gitutil.git(repo, "worktree", "remove", "--force", str(tree), check=False)
-        shutil.rmtree(tree, ignore_errors=True)
-        gitutil.git(repo, "worktree", "prune", check=False)
+                log(
+                    f"      tests ({len(added_tests)} file(s), {time.perf_counter() - t:.0f} s): {summary}"
+                )
     return problems
 
 
 def cmd_check(project: Project, python: str | None = None) -> int:
     py = Path(python) if python else test_env_python(project)
     if py is None or not py.exists():
-        raise VstackError("no test environment: run scripts/test once, or pass --python")
+        raise VstackError(
+            "no test environment: run scripts/test once, or pass --python"
+        )
     patches = series_paths(project.patches_dir)
     base = ensure_base(project)
     repo = project.repo
@@ -116,15 +120,27 @@ def cmd_check(project: Project, python: str | None = None) -> int:
         try:
             tip = applied_tip(project, base, patches[:i])
         except VstackError as e:
-            print(f"vstack check: prefix {i} ({patch.name}) fails: {e}", file=sys.stderr)
+            print(
+                f"vstack check: prefix {i} ({patch.name}) fails: {e}", file=sys.stderr
+            )
             return 1
         changes = gitutil.tree_changes(repo, prev, tip)
-        tests += [p for s, p, _ in changes if s == "A" and p.startswith("tests/") and Path(p).name.startswith("test_") and p.endswith(".py")]
+        tests += [
+            p
+            for s, p, _ in changes
+            if s == "A"
+            and p.startswith("tests/")
+            and Path(p).name.startswith("test_")
+            and p.endswith(".py")
+        ]
         problems = check_prefix(repo, prev, tip, tests, py, log=print)
         if problems:
             for pr in problems:
                 print(f"      {pr}", file=sys.stderr)
-            print(f"vstack check: first failing prefix: {i} ({patch.name})", file=sys.stderr)
+            print(
+                f"vstack check: first failing prefix: {i} ({patch.name})",
+                file=sys.stderr,
+            )
             return 1
         prev = tip
     print(f"vstack check: all {len(patches)} prefix(es) pass")

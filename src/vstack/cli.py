@@ -39,7 +39,9 @@ def run_base(args):
     from vstack.base import ensure_base
 
     b = ensure_base(_project(args))
-    print(f"base {b.version} at {b.commit} (from {b.source}, upstream {b.upstream_commit})")
+    print(
+        f"base {b.version} at {b.commit} (from {b.source}, upstream {b.upstream_commit})"
+    )
     return 0
 
 
@@ -59,8 +61,10 @@ def run_build(args):
     from vstack.build import build
 
     info = build(_project(args), Path(args.out) if args.out else None)
-    print(f"vstack: built {info['wheel']} ({len(info['patches'])} patch(es)) in {info['seconds']} s")
-    print(f"vstack: wrote Dockerfile and build.json beside it")
+    print(
+        f"vstack: built {info['wheel']} ({len(info['patches'])} patch(es)) in {info['seconds']} s"
+    )
+    print("vstack: wrote Dockerfile and build.json beside it")
     return 0
 
 
@@ -119,7 +123,9 @@ def parser() -> argparse.ArgumentParser:
         prog="vstack", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--root", help="project root (default: the folder holding stack.toml)")
+    p.add_argument(
+        "--root", help="project root (default: the folder holding stack.toml)"
+    )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     s = sub.add_parser("pin", help="show the pinned base; check vllm/ against it")
@@ -141,7 +147,11 @@ def parser() -> argparse.ArgumentParser:
         "`git am` state. patches/ is never modified. Refuses to reset a work branch "
         "that holds unexported commits unless --force (then a backup ref is kept).",
     )  # fmt: skip
-    s.add_argument("--force", action="store_true", help="discard unexported work-branch commits (kept as a backup ref)")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="discard unexported work-branch commits (kept as a backup ref)",
+    )
     s.set_defaults(func=run_apply)
 
     s = sub.add_parser(
@@ -151,7 +161,11 @@ def parser() -> argparse.ArgumentParser:
         "applied afresh (a round trip). The previous patches/ is saved under "
         ".vstack/backup/ before anything changes.",
     )  # fmt: skip
-    s.add_argument("--check", action="store_true", help="change nothing; exit 1 and list the files if exporting would change patches/")
+    s.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 and list the files if exporting would change patches/",
+    )
     s.set_defaults(func=run_export)
 
     s = sub.add_parser(
@@ -165,7 +179,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="output folder (default: dist/)")
     s.set_defaults(func=run_build)
 
-    s = sub.add_parser("test-files", help="write the files the series adds outside the wheel (its tests) into a folder")
+    s = sub.add_parser(
+        "test-files",
+        help="write the files the series adds outside the wheel (its tests) into a folder",
+    )
     s.add_argument("--out", required=True)
     s.set_defaults(func=run_test_files)
 
@@ -191,10 +208,26 @@ def parser() -> argparse.ArgumentParser:
         ".vstack/reports/rebase.{md,json}.",
     )  # fmt: skip
     s.add_argument("--onto", help="version, wheel file, or git revision (with --git)")
-    s.add_argument("--git", nargs="?", const="", help="the checkout --onto names a revision of (default vllm/)")
-    s.add_argument("--wheel", help="with --git: the wheel (file or version) to pin for builds")
-    s.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict")
-    s.add_argument("--abort", action="store_true", help="give up and restore the state before the rebase")
+    s.add_argument(
+        "--git",
+        nargs="?",
+        const="",
+        help="the checkout --onto names a revision of (default vllm/)",
+    )
+    s.add_argument(
+        "--wheel", help="with --git: the wheel (file or version) to pin for builds"
+    )
+    s.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="resume after resolving a conflict",
+    )
+    s.add_argument(
+        "--abort",
+        action="store_true",
+        help="give up and restore the state before the rebase",
+    )
     s.set_defaults(func=run_rebase)
 
     s = sub.add_parser(
@@ -221,9 +254,13 @@ def parser() -> argparse.ArgumentParser:
         "patch becomes revision N+1, with a git range-diff against N. Exit 1 if a "
         "check fails.",
     )  # fmt: skip
-    s.add_argument("patch", help="a patches/series entry (or a unique part of its name)")
+    s.add_argument(
+        "patch", help="a patches/series entry (or a unique part of its name)"
+    )
     s.add_argument("--git", help="a vLLM git checkout (default: vllm/ when populated)")
-    s.add_argument("--base", help="upstream revision to branch from (default: the pinned commit)")
+    s.add_argument(
+        "--base", help="upstream revision to branch from (default: the pinned commit)"
+    )
     s.set_defaults(func=run_upstream)
 
     s = sub.add_parser("bench", help="benchmarks of the tool itself")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -78,9 +76,7 @@ def applied_tip(project: Project, base: Base, patches: list[Path]) -> str:
     if not patches:
         gitutil.git(repo, "update-ref", ref, base.commit)
         return base.commit
-    tmp = Path(tempfile.mkdtemp(prefix="apply-", dir=project.cache))
-    try:
-        gitutil.git(repo, "worktree", "add", "-q", "--detach", str(tmp), base.commit)
+    with gitutil.temp_worktree(repo, base.commit, project.cache) as tmp:
         results = apply_patches(tmp, patches, log=lambda s: print(s, file=sys.stderr))
         if results and not results[-1].ok:
             r = results[-1]
@@ -89,22 +85,21 @@ def applied_tip(project: Project, base: Base, patches: list[Path]) -> str:
                 f"{'; '.join(r.details[:3]) or ', '.join(r.files)} (run `vstack apply` to inspect)"
             )
         tip = gitutil.out(tmp, "rev-parse", "HEAD")
-    finally:
-        gitutil.git(repo, "worktree", "remove", "--force", str(tmp), check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
-        gitutil.git(repo, "worktree", "prune", check=False)
     gitutil.git(repo, "update-ref", ref, tip)
     return tip
 
 
 def unexported_changes(project: Project, base: Base) -> list[str]:
+    """patches/ files that exporting the work branch would change."""
     return diff_files(
         current_files(project.patches_dir),
         render(project.repo, base.commit, f"refs/heads/{WORK_BRANCH}"),
     )
 
 
-def write_patches(patches_dir: Path, new: dict[str, bytes], backup_root: Path) -> list[str]:
+def write_patches(
+    patches_dir: Path, new: dict[str, bytes], backup_root: Path
+) -> list[str]:
     """Make patches/ hold exactly `new` (.patch files + series), keeping a backup."""
     old = current_files(patches_dir)
     changed = diff_files(old, new)
@@ -140,7 +135,10 @@ def cmd_export(project: Project, check: bool = False) -> int:
             raise VstackError(f"finish or abort the git operation in {repo} first")
         tip = work
         if not check and gitutil.status_porcelain(repo).strip():
-            print(f"vstack: warning: uncommitted changes in {repo} are not exported", file=sys.stderr)
+            print(
+                f"vstack: warning: uncommitted changes in {repo} are not exported",
+                file=sys.stderr,
+            )
     new = render(repo, base.commit, tip)
     if check:
         changed = diff_files(current_files(project.patches_dir), new)
@@ -149,7 +147,9 @@ def cmd_export(project: Project, check: bool = False) -> int:
             for name in changed:
                 print(f"  patches/{name}", file=sys.stderr)
             return 1
-        print(f"vstack: patches/ is up to date ({len(read_series(project.patches_dir))} patches)")
+        print(
+            f"vstack: patches/ is up to date ({len(read_series(project.patches_dir))} patches)"
+        )
         return 0
     changed = write_patches(project.patches_dir, new, project.cache / "backup")
     if work is not None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from vstack.errors import VstackError
@@ -158,3 +161,18 @@ def tree_changes(repo: Path | str, old: str, new: str) -> list[tuple[str, str, s
         _, new_mode, _, _, status = meta[1:].split(" ")
         changes.append((status[0], path, new_mode))
     return changes
+
+
+@contextlib.contextmanager
+def temp_worktree(repo: Path, rev: str, parent: Path):
+    """A detached worktree of repo at rev under parent, removed afterwards: work done
+    in it never touches the user's work branch or work tree."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tree = Path(tempfile.mkdtemp(prefix="wt-", dir=parent))
+    try:
+        git(repo, "worktree", "add", "-q", "--detach", str(tree), rev)
+        yield tree
+    finally:
+        git(repo, "worktree", "remove", "--force", str(tree), check=False)
+        shutil.rmtree(tree, ignore_errors=True)
+        git(repo, "worktree", "prune", check=False)

@@ -9,7 +9,14 @@ from pathlib import Path
 from vstack.config import Project
 from vstack.series import parse_patch, read_series
 
-UPSTREAM_STATUSES = ("pending", "submitted", "accepted", "backport", "inappropriate", "rejected")
+UPSTREAM_STATUSES = (
+    "pending",
+    "submitted",
+    "accepted",
+    "backport",
+    "inappropriate",
+    "rejected",
+)
 NEEDS_PR = ("submitted", "accepted", "backport")
 SPDX_LINES = (
     "# SPDX-License-Identifier: Apache-2.0",
@@ -17,7 +24,12 @@ SPDX_LINES = (
 )
 # vLLM's pre-commit forbids new direct torch.cuda calls outside a few platform files.
 TORCH_CUDA = re.compile(r"\btorch\.cuda\.")
-TORCH_CUDA_ALLOWED = ("vllm/platforms/", "tests/", "benchmarks/", "vllm/utils/torch_utils.py")
+TORCH_CUDA_ALLOWED = (
+    "vllm/platforms/",
+    "tests/",
+    "benchmarks/",
+    "vllm/utils/torch_utils.py",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,27 +62,64 @@ def lint_patch(name: str, text: str) -> list[Finding]:
     where = f"patches/{name}"
     found = []
     if not info.body or len(info.body.split()) < 5:
-        found.append(Finding(f"{where}:1", "no description of why the patch exists (a few sentences before the trailers)"))
+        found.append(
+            Finding(
+                f"{where}:1",
+                "no description of why the patch exists (a few sentences before the trailers)",
+            )
+        )
     status = info.trailers.get("Upstream-Status", [])
     if not status:
         found.append(Finding(f"{where}:1", "no Upstream-Status: trailer"))
     elif status[0].split()[0].lower() not in UPSTREAM_STATUSES:
-        found.append(Finding(f"{where}:1", f"Upstream-Status: '{status[0]}' is not one of {', '.join(UPSTREAM_STATUSES)}"))
-    elif status[0].split()[0].lower() in NEEDS_PR and not info.trailers.get("Upstream-PR"):
-        found.append(Finding(f"{where}:1", f"Upstream-Status: {status[0]} needs an Upstream-PR: trailer"))
+        found.append(
+            Finding(
+                f"{where}:1",
+                f"Upstream-Status: '{status[0]}' is not one of {', '.join(UPSTREAM_STATUSES)}",
+            )
+        )
+    elif status[0].split()[0].lower() in NEEDS_PR and not info.trailers.get(
+        "Upstream-PR"
+    ):
+        found.append(
+            Finding(
+                f"{where}:1",
+                f"Upstream-Status: {status[0]} needs an Upstream-PR: trailer",
+            )
+        )
     author = re.search(r"^From: (.+)$", text, re.M)
     signoffs = info.trailers.get("Signed-off-by", [])
     if not signoffs:
-        found.append(Finding(f"{where}:1", "commit is not signed off (Signed-off-by: trailer, DCO)"))
+        found.append(
+            Finding(
+                f"{where}:1", "commit is not signed off (Signed-off-by: trailer, DCO)"
+            )
+        )
     elif author and author.group(1).strip() not in [s.strip() for s in signoffs]:
-        found.append(Finding(f"{where}:1", f"no Signed-off-by from the author {author.group(1).strip()}"))
+        found.append(
+            Finding(
+                f"{where}:1",
+                f"no Signed-off-by from the author {author.group(1).strip()}",
+            )
+        )
     lines_by_file: dict[str, list[tuple[int, int, str]]] = {}
     for n, file, new_no, line in _added_lines(text):
         lines_by_file.setdefault(file, []).append((n, new_no, line))
         if line != line.rstrip():
-            found.append(Finding(f"{where}:{n}", f"trailing whitespace in {file}:{new_no}"))
-        if file.endswith(".py") and TORCH_CUDA.search(line.split("#", 1)[0]) and not file.startswith(TORCH_CUDA_ALLOWED):
-            found.append(Finding(f"{where}:{n}", f"new direct torch.cuda call in {file}:{new_no} (use torch.accelerator / current_platform)"))
+            found.append(
+                Finding(f"{where}:{n}", f"trailing whitespace in {file}:{new_no}")
+            )
+        if (
+            file.endswith(".py")
+            and TORCH_CUDA.search(line.split("#", 1)[0])
+            and not file.startswith(TORCH_CUDA_ALLOWED)
+        ):
+            found.append(
+                Finding(
+                    f"{where}:{n}",
+                    f"new direct torch.cuda call in {file}:{new_no} (use torch.accelerator / current_platform)",
+                )
+            )
     for file in info.added:
         if not file.endswith(".py"):
             continue
@@ -79,7 +128,11 @@ def lint_patch(name: str, text: str) -> list[Finding]:
             continue  # an empty new file (__init__.py) needs no header
         if not all(s in head for s in SPDX_LINES):
             n = lines_by_file[file][0][0]
-            found.append(Finding(f"{where}:{n}", f"new file {file} lacks vLLM's SPDX header lines"))
+            found.append(
+                Finding(
+                    f"{where}:{n}", f"new file {file} lacks vLLM's SPDX header lines"
+                )
+            )
     return found
 
 

@@ -23,6 +23,7 @@ from vstack.apply import (
     apply_one,
     ensure_clean,
     mark_synced,
+    unexported_work,
 )
 from vstack.base import (
     WORK_BRANCH,
@@ -75,7 +76,9 @@ def ours_ranges(text: str) -> list[tuple[int, int]]:
         if raw.startswith("<<<<<<< "):
             side, start = "ours", line + 1
             continue
-        if side and (raw.startswith("|||||||") or raw == "=======" or raw.startswith("======= ")):
+        if side and (
+            raw.startswith("|||||||") or raw == "=======" or raw.startswith("======= ")
+        ):
             if side == "ours":
                 ranges.append((start, max(start, line)))
             side = "theirs"
@@ -104,8 +107,12 @@ def render_report(report: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for i, r in enumerate(report["patches"], 1):
-        det = "<br>".join(r["details"] + [f"upstream: {c}" for c in r.get("upstream_commits", [])])
-        lines.append(f"| {i} | {r['patch']} | {r['status']} | {', '.join(r['files'])} | {det} |")
+        det = "<br>".join(
+            r["details"] + [f"upstream: {c}" for c in r.get("upstream_commits", [])]
+        )
+        lines.append(
+            f"| {i} | {r['patch']} | {r['status']} | {', '.join(r['files'])} | {det} |"
+        )
     t = report.get("timings", {})
     if t:
         lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())]
@@ -113,7 +120,10 @@ def render_report(report: dict) -> str:
 
 
 def short_table(report: dict) -> str:
-    rows = [f"  {i:>2}. {r['status']:<16} {r['patch']}" for i, r in enumerate(report["patches"], 1)]
+    rows = [
+        f"  {i:>2}. {r['status']:<16} {r['patch']}"
+        for i, r in enumerate(report["patches"], 1)
+    ]
     return "\n".join(rows)
 
 
@@ -143,7 +153,9 @@ class State:
 # ---------------------------------------------------------------- steps
 
 
-def _target_base(project: Project, onto: str, git_path, wheel_arg, timings) -> tuple[Base, Pin]:
+def _target_base(
+    project: Project, onto: str, git_path, wheel_arg, timings
+) -> tuple[Base, Pin]:
     kind = classify_target(onto, git_path)
     old = project.pin
     verified = VerifiedCache(project.cache / "verified.json")
@@ -156,8 +168,10 @@ def _target_base(project: Project, onto: str, git_path, wheel_arg, timings) -> t
     elif kind == "version":
         wheel = fetch_wheel(onto, project.wheel_cache, verified=verified)
     if kind == "git" and wheel_arg:
-        wheel = Path(wheel_arg) if wheel_arg.endswith(".whl") else fetch_wheel(
-            wheel_arg, project.wheel_cache, verified=verified
+        wheel = (
+            Path(wheel_arg)
+            if wheel_arg.endswith(".whl")
+            else fetch_wheel(wheel_arg, project.wheel_cache, verified=verified)
         )
     if wheel is not None:
         sha = sha256_file(wheel)
@@ -175,7 +189,11 @@ def _target_base(project: Project, onto: str, git_path, wheel_arg, timings) -> t
         base = base_from_wheel(project, wheel, sha)
         commit = commit or ""
     timings["base_extraction"] = time.perf_counter() - t
-    image = f"vllm/vllm-openai:v{version}" if re.fullmatch(r"\d+\.\d+\.\d+", version) else old.image
+    image = (
+        f"vllm/vllm-openai:v{version}"
+        if re.fullmatch(r"\d+\.\d+\.\d+", version)
+        else old.image
+    )
     pin = Pin(
         version=version, commit=commit, wheel=wheel.name if wheel else "",
         sha256=sha or "", image=image, image_digest="",
@@ -189,9 +207,13 @@ def _describe_version(checkout: Path, rev: str) -> str:
     sha = gitutil.out(checkout, "rev-parse", "--short=9", f"{rev}^{{commit}}")
     if p.returncode != 0 or not tag:
         return f"0.0.0.dev0+g{sha}"
-    return tag.lstrip("v") if gitutil.out(checkout, "rev-parse", f"{tag}^{{commit}}").startswith(
-        gitutil.out(checkout, "rev-parse", f"{rev}^{{commit}}")
-    ) else f"{tag.lstrip('v')}.dev0+g{sha}"
+    return (
+        tag.lstrip("v")
+        if gitutil.out(checkout, "rev-parse", f"{tag}^{{commit}}").startswith(
+            gitutil.out(checkout, "rev-parse", f"{rev}^{{commit}}")
+        )
+        else f"{tag.lstrip('v')}.dev0+g{sha}"
+    )
 
 
 def _upstream_subjects(repo: Path, old: str, new: str) -> list[str] | None:
@@ -199,10 +221,14 @@ def _upstream_subjects(repo: Path, old: str, new: str) -> list[str] | None:
     p = gitutil.git(repo, "merge-base", "--is-ancestor", old, new, check=False)
     if p.returncode != 0:
         return None
-    return gitutil.out(repo, "log", "--no-merges", "--format=%h %s", f"{old}..{new}").splitlines()
+    return gitutil.out(
+        repo, "log", "--no-merges", "--format=%h %s", f"{old}..{new}"
+    ).splitlines()
 
 
-def _blame_conflicts(repo: Path, old_base: str, files: list[str], has_history: bool) -> list[str]:
+def _blame_conflicts(
+    repo: Path, old_base: str, files: list[str], has_history: bool
+) -> list[str]:
     if not has_history:
         return []
     found: dict[str, str] = {}
@@ -236,20 +262,30 @@ def _run_patches(project: Project, state: State) -> int:
     while d["next"] < len(patches):
         patch = patches[d["next"]]
         info = parse_patch(patch.read_text(errors="replace"))
-        rev = gitutil.git(repo, "apply", "--check", "--reverse", str(patch), check=False)
+        rev = gitutil.git(
+            repo, "apply", "--check", "--reverse", str(patch), check=False
+        )
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
         if rev.returncode == 0 or pr_hit:
-            why = [f"upstream commit: {pr_hit}"] if pr_hit else ["the new base already contains it (reverse-applies cleanly)"]
+            why = (
+                [f"upstream commit: {pr_hit}"]
+                if pr_hit
+                else ["the new base already contains it (reverse-applies cleanly)"]
+            )
             r = PatchResult(patch.name, "dropped-upstream", info.files, why)
         else:
             r = apply_one(repo, patch)
         res = dataclasses.asdict(r)
         if r.status == "conflict":
-            res["upstream_commits"] = _blame_conflicts(repo, d["old_base"], r.files, subjects is not None)
+            res["upstream_commits"] = _blame_conflicts(
+                repo, d["old_base"], r.files, subjects is not None
+            )
             d["results"].append(res)
-            d["timings"]["apply"] = d["timings"].get("apply", 0) + time.perf_counter() - t
+            d["timings"]["apply"] = (
+                d["timings"].get("apply", 0) + time.perf_counter() - t
+            )
             state.save()
             _print_conflict(project, res)
             return 1
@@ -303,7 +339,10 @@ def _finish(project: Project, state: State) -> int:
         f"vstack: rebased onto vLLM {new_pin.version}: {kept} patch(es) kept, "
         f"{len(d['results']) - kept} dropped upstream; {STACK_TOML} and patches/ updated"
     )
-    print("vstack: timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in d["timings"].items()))
+    print(
+        "vstack: timings: "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in d["timings"].items())
+    )
     print(f"vstack: report: {md} and {js}")
     return 0
 
@@ -320,14 +359,18 @@ def write_report(project: Project, report: dict) -> tuple[Path, Path]:
 def _project_files_dirty(project: Project) -> list[str]:
     if not gitutil.is_repo(project.root):
         return []
-    p = gitutil.git(project.root, "status", "--porcelain", "--", "patches", STACK_TOML, check=False)
+    p = gitutil.git(
+        project.root, "status", "--porcelain", "--", "patches", STACK_TOML, check=False
+    )
     return [ln[3:] for ln in p.stdout.splitlines()]
 
 
 # ---------------------------------------------------------------- verbs
 
 
-def cmd_rebase(project: Project, onto: str, git_path: str | None = None, wheel: str | None = None) -> int:
+def cmd_rebase(
+    project: Project, onto: str, git_path: str | None = None, wheel: str | None = None
+) -> int:
     if State.load(project):
         raise VstackError(
             "a rebase is already in progress: `vstack rebase --continue` after resolving, "
@@ -343,19 +386,18 @@ def cmd_rebase(project: Project, onto: str, git_path: str | None = None, wheel: 
     old_base = pinned_base_anywhere(project)
     repo = project.repo
     ensure_clean(repo)
+    if unexported_work(project, old_base):
+        raise VstackError(
+            f"branch '{WORK_BRANCH}' has commits that patches/ does not have: "
+            f"run `vstack export` (or `vstack apply --force`) before rebasing"
+        )
     work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
-    if work and work != gitutil.rev_parse(repo, SYNCED_REF):
-        from vstack.export import unexported_changes
-
-        if unexported_changes(project, old_base):
-            raise VstackError(
-                f"branch '{WORK_BRANCH}' has commits that patches/ does not have: "
-                f"run `vstack export` (or `vstack apply --force`) before rebasing"
-            )
     timings: dict[str, float] = {}
     new_base, new_pin = _target_base(project, onto, git_path, wheel, timings)
     if new_base.commit == old_base.commit:
-        raise VstackError(f"{onto} is the current base ({old_base.commit[:12]}); nothing to do")
+        raise VstackError(
+            f"{onto} is the current base ({old_base.commit[:12]}); nothing to do"
+        )
     state = State(project.cache / "rebase" / "state.json", {
         "target": onto,
         "old_pin": dataclasses.asdict(project.pin),
@@ -380,10 +422,15 @@ def cmd_rebase(project: Project, onto: str, git_path: str | None = None, wheel: 
     return _run_patches(project, state)
 
 
-def cmd_continue(project: Project) -> int:
+def _require_state(project: Project) -> State:
     state = State.load(project)
     if state is None:
         raise VstackError("no rebase in progress")
+    return state
+
+
+def cmd_continue(project: Project) -> int:
+    state = _require_state(project)
     repo = project.repo
     d = state.data
     last = d["results"][-1] if d["results"] else None
@@ -398,13 +445,19 @@ def cmd_continue(project: Project) -> int:
                     unresolved.append(f"{f}:{n}")
                     break
     if unresolved:
-        raise VstackError(f"unresolved conflict markers in {', '.join(unresolved)}; resolve them, then --continue")
-    if (Path(gitutil.out(repo, "rev-parse", "--absolute-git-dir")) / "rebase-apply").exists():
+        raise VstackError(
+            f"unresolved conflict markers in {', '.join(unresolved)}; resolve them, then --continue"
+        )
+    if (
+        Path(gitutil.out(repo, "rev-parse", "--absolute-git-dir")) / "rebase-apply"
+    ).exists():
         for f in last["files"]:
             gitutil.git(repo, "add", "--", f, check=False)
         p = gitutil.git(repo, "am", "--continue", check=False, env=AM_ENV)
         if p.returncode != 0:
-            raise VstackError(f"git am --continue failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}")
+            raise VstackError(
+                f"git am --continue failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}"
+            )
     last["status"] = "conflict-resolved"
     d["next"] += 1
     state.save()
@@ -413,9 +466,7 @@ def cmd_continue(project: Project) -> int:
 
 
 def cmd_abort(project: Project) -> int:
-    state = State.load(project)
-    if state is None:
-        raise VstackError("no rebase in progress")
+    state = _require_state(project)
     repo = project.repo
     d = state.data
     if gitutil.op_in_progress(repo):
@@ -427,12 +478,16 @@ def cmd_abort(project: Project) -> int:
         gitutil.git(repo, "branch", "-q", "-D", WORK_BRANCH, check=False)
     head = d["old_head"]
     if head.startswith("refs/heads/") and head != f"refs/heads/{WORK_BRANCH}":
-        gitutil.git(repo, "checkout", "-q", "-f", head[len("refs/heads/"):], check=False)
+        gitutil.git(
+            repo, "checkout", "-q", "-f", head[len("refs/heads/") :], check=False
+        )
     if d["old_synced"]:
         gitutil.git(repo, "update-ref", SYNCED_REF, d["old_synced"])
     else:
         gitutil.git(repo, "update-ref", "-d", SYNCED_REF, check=False)
     gitutil.git(repo, "clean", "-q", "-fd", check=False)
     state.clear()
-    print(f"vstack: rebase aborted; the work branch, patches/ and {STACK_TOML} are as before")
+    print(
+        f"vstack: rebase aborted; the work branch, patches/ and {STACK_TOML} are as before"
+    )
     return 0

@@ -31,7 +31,9 @@ def series_paths(patches_dir: Path) -> list[Path]:
     for name in read_series(patches_dir):
         p = patches_dir / name
         if not p.is_file():
-            raise VstackError(f"patches/series names {name}, but patches/{name} is missing")
+            raise VstackError(
+                f"patches/series names {name}, but patches/{name} is missing"
+            )
         paths.append(p)
     return paths
 
@@ -145,7 +147,11 @@ def hunks_at(info: PatchInfo, file: str, line: int | None) -> list[Hunk]:
     if line is None:
         return hs
     exact = [h for h in hs if h.old_start == line]
-    return exact or [h for h in hs if h.old_start <= line < h.old_start + max(h.old_len, 1)] or hs
+    return (
+        exact
+        or [h for h in hs if h.old_start <= line < h.old_start + max(h.old_len, 1)]
+        or hs
+    )
 
 
 def slug(subject: str) -> str:

@@ -49,7 +49,11 @@ class Check:
 
 def strip_stack_trailers(message: str) -> str:
     lines = message.rstrip("\n").split("\n")
-    kept = [ln for ln in lines if not ln.startswith(tuple(t + ":" for t in STACK_ONLY_TRAILERS))]
+    kept = [
+        ln
+        for ln in lines
+        if not ln.startswith(tuple(t + ":" for t in STACK_ONLY_TRAILERS))
+    ]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).rstrip("\n") + "\n"
 
 
@@ -64,7 +68,9 @@ def imported_paths(patch_text: str) -> set[str]:
     return found
 
 
-def dependencies(infos: list, index: int, applies_alone: bool, imports=frozenset()) -> list[int]:
+def dependencies(
+    infos: list, index: int, applies_alone: bool, imports=frozenset()
+) -> list[int]:
     """Earlier patches the target needs: those touching its files when it does not
     apply alone on the base, and those adding a module it imports; transitively."""
     need = set()
@@ -86,8 +92,16 @@ def loc_outside_exempt(diff_text: str) -> int:
     n, exempt = 0, False
     for line in diff_text.splitlines():
         if line.startswith("diff --git "):
-            exempt = line.split(" b/", 1)[-1].startswith(RFC_EXEMPT) or "/kernels/" in line or "_kernel" in line
-        elif line.startswith(("+", "-")) and not line.startswith(("+++", "---")) and not exempt:
+            exempt = (
+                line.split(" b/", 1)[-1].startswith(RFC_EXEMPT)
+                or "/kernels/" in line
+                or "_kernel" in line
+            )
+        elif (
+            line.startswith(("+", "-"))
+            and not line.startswith(("+++", "---"))
+            and not exempt
+        ):
             n += 1
     return n
 
@@ -106,11 +120,23 @@ def undocumented_config_fields(path: str, source: str, added: set[int]) -> list[
                 continue
             name = getattr(stmt.target, "id", "?")
             if stmt.value is None:
-                found.append(Check("config", f"{path}:{stmt.lineno}", f"{cls.name}.{name} has no default"))
+                found.append(
+                    Check(
+                        "config",
+                        f"{path}:{stmt.lineno}",
+                        f"{cls.name}.{name} has no default",
+                    )
+                )
             nxt = body[i + 1] if i + 1 < len(body) else None
             if not (isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
                     and isinstance(nxt.value.value, str)):  # fmt: skip
-                found.append(Check("config", f"{path}:{stmt.lineno}", f"{cls.name}.{name} has no docstring"))
+                found.append(
+                    Check(
+                        "config",
+                        f"{path}:{stmt.lineno}",
+                        f"{cls.name}.{name} has no docstring",
+                    )
+                )
     return found
 
 
@@ -121,9 +147,20 @@ def flatten_numbers(obj, prefix="") -> list[tuple[str, object]]:
             if k in ("command", "machine", "when", "note", "notes"):
                 continue
             out += flatten_numbers(v, f"{prefix}{k}.")
-    elif isinstance(obj, list) and all(isinstance(x, dict) for x in obj) and len(obj) <= 12:
+    elif (
+        isinstance(obj, list)
+        and all(isinstance(x, dict) for x in obj)
+        and len(obj) <= 12
+    ):
         for i, v in enumerate(obj):
-            label = next((str(v[k]) for k in ("name", "label", "mode", "rule", "case") if k in v), str(i))
+            label = next(
+                (
+                    str(v[k])
+                    for k in ("name", "label", "mode", "rule", "case")
+                    if k in v
+                ),
+                str(i),
+            )
             out += flatten_numbers(v, f"{prefix}{label}.")
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
         out.append((prefix.rstrip("."), obj))
@@ -134,7 +171,12 @@ def render_results(path: Path, data: dict) -> str:
     cmd = data.get("command", "(command not recorded)")
     machine = str(data.get("machine", "(machine not recorded)"))
     when = data.get("when") or data.get("timestamp") or ""
-    lines = [f"**{path.name}**: `{cmd}` on {machine}{f', {when}' if when else ''}", "", "| metric | value |", "|---|---|"]
+    lines = [
+        f"**{path.name}**: `{cmd}` on {machine}{f', {when}' if when else ''}",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
     for k, v in flatten_numbers(data)[:40]:
         lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
     gpu_keys = [k for k in data if "gpu" in k.lower()]
@@ -143,11 +185,16 @@ def render_results(path: Path, data: dict) -> str:
     return "\n".join(lines)
 
 
-def render_body(info, deps: list[str], tests: list[str], results: list[tuple[Path, dict]], loc: int) -> str:
+def render_body(
+    info, deps: list[str], tests: list[str], results: list[tuple[Path, dict]], loc: int
+) -> str:
     purpose = info.body.strip() or "(the patch has no description)"
     parts = ["## Purpose", "", purpose, ""]
     if deps:
-        parts += ["This PR includes, as separate commits, the earlier stack changes it builds on:", ""]
+        parts += [
+            "This PR includes, as separate commits, the earlier stack changes it builds on:",
+            "",
+        ]
         parts += [f"- {d}" for d in deps] + [""]
     parts += ["## Test Plan", "", "```bash"]
     if tests:
@@ -162,7 +209,10 @@ def render_body(info, deps: list[str], tests: list[str], results: list[tuple[Pat
         for path, data in results:
             parts += [render_results(path, data), ""]
     else:
-        parts += ["No recorded benchmark results for this change. Not measured on GPU.", ""]
+        parts += [
+            "No recorded benchmark results for this change. Not measured on GPU.",
+            "",
+        ]
     parts += [f"Lines changed outside tests/kernels/config: {loc}."]
     if loc > RFC_LINES:
         parts += ["", f"> **RFC first**: this is over ~{RFC_LINES} lines outside kernels/tests/config; "
@@ -183,8 +233,17 @@ def render_body(info, deps: list[str], tests: list[str], results: list[tuple[Pat
 def _rewrite_messages(repo: Path, base: str, tip: str) -> str:
     """Re-create base..tip with stack-only trailers removed (trees and authors kept)."""
     parent = base
-    for sha in gitutil.out(repo, "rev-list", "--reverse", f"{base}..{tip}").splitlines():
-        fmt = gitutil.out(repo, "log", "-1", "--format=%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd", "--date=raw", sha)
+    for sha in gitutil.out(
+        repo, "rev-list", "--reverse", f"{base}..{tip}"
+    ).splitlines():
+        fmt = gitutil.out(
+            repo,
+            "log",
+            "-1",
+            "--format=%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd",
+            "--date=raw",
+            sha,
+        )
         an, ae, ad, cn, ce, cd = fmt.split("\0")
         msg = gitutil.git(repo, "log", "-1", "--format=%B", sha).stdout
         tree = gitutil.out(repo, "rev-parse", f"{sha}^{{tree}}")
@@ -197,18 +256,12 @@ def _rewrite_messages(repo: Path, base: str, tip: str) -> str:
 
 def build_commits(project: Project, base: str, patches: list[Path]) -> str:
     repo = project.repo
-    tmp = Path(tempfile.mkdtemp(prefix="upstream-", dir=project.cache))
-    try:
-        gitutil.git(repo, "worktree", "add", "-q", "--detach", str(tmp), base)
+    with gitutil.temp_worktree(repo, base, project.cache) as tmp:
         results = apply_patches(tmp, patches, log=lambda s: print(s, file=sys.stderr))
         if results and not results[-1].ok:
             raise VstackError(f"{results[-1].patch} does not apply on the upstream base {base[:12]}: "
                               f"{'; '.join(results[-1].details[:2])}")  # fmt: skip
         tip = gitutil.out(tmp, "rev-parse", "HEAD")
-    finally:
-        gitutil.git(repo, "worktree", "remove", "--force", str(tmp), check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
-        gitutil.git(repo, "worktree", "prune", check=False)
     return _rewrite_messages(repo, base, tip)
 
 
@@ -240,29 +293,63 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
         author = re.search(r"^From: (.+)$", text, re.M)
         signoffs = [s.strip() for s in info.trailers.get("Signed-off-by", [])]
         if not author or author.group(1).strip() not in signoffs:
-            found.append(Check("dco", f"{name}:1", f"commit '{info.subject}' lacks Signed-off-by: {author.group(1).strip() if author else '?'}"))
+            found.append(
+                Check(
+                    "dco",
+                    f"{name}:1",
+                    f"commit '{info.subject}' lacks Signed-off-by: {author.group(1).strip() if author else '?'}",
+                )
+            )
         added: dict[str, set[int]] = {}
         for _, file, new_no, line in _added_lines(text):
             added.setdefault(file, set()).add(new_no)
-            if file.endswith(".py") and TORCH_CUDA.search(line.split("#", 1)[0]) and not file.startswith(TORCH_CUDA_ALLOWED):
-                found.append(Check("torch-cuda", f"{file}:{new_no}", "new direct torch.cuda call (use torch.accelerator / current_platform)"))
+            if (
+                file.endswith(".py")
+                and TORCH_CUDA.search(line.split("#", 1)[0])
+                and not file.startswith(TORCH_CUDA_ALLOWED)
+            ):
+                found.append(
+                    Check(
+                        "torch-cuda",
+                        f"{file}:{new_no}",
+                        "new direct torch.cuda call (use torch.accelerator / current_platform)",
+                    )
+                )
         for file in info.added:
             if file.endswith(".py") and file in blobs and blobs[file].strip():
                 head = blobs[file].decode(errors="replace").splitlines()[:5]
                 if not all(s in head for s in SPDX_LINES):
-                    found.append(Check("spdx", f"{file}:1", "missing vLLM's SPDX header lines"))
+                    found.append(
+                        Check("spdx", f"{file}:1", "missing vLLM's SPDX header lines")
+                    )
         for file, lines in added.items():
             if file.startswith("vllm/config/") and file in blobs:
-                found += undocumented_config_fields(file, blobs[file].decode(errors="replace"), lines)
+                found += undocumented_config_fields(
+                    file, blobs[file].decode(errors="replace"), lines
+                )
     # ruff with vLLM's configuration, on the changed files
     ruff = find_ruff(project)
     if ruff is None:
-        found.append(Check("ruff", "-", "ruff not found (pip install ruff==0.14.0, or set VSTACK_RUFF)"))
+        found.append(
+            Check(
+                "ruff",
+                "-",
+                "ruff not found (pip install ruff==0.14.0, or set VSTACK_RUFF)",
+            )
+        )
         return found
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         # ruff reads pyproject.toml ([tool.ruff]) or ruff.toml (top-level keys)
-        shutil.copy(ruff_config, tmp / ("pyproject.toml" if ruff_config.name == "pyproject.toml" else "ruff.toml"))
+        shutil.copy(
+            ruff_config,
+            tmp
+            / (
+                "pyproject.toml"
+                if ruff_config.name == "pyproject.toml"
+                else "ruff.toml"
+            ),
+        )
         for path, data in blobs.items():
             (tmp / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp / path).write_bytes(data)
@@ -274,55 +361,86 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
             m = re.match(r"^(.+?):(\d+):\d+: (.+)$", line)
             if m:
                 found.append(Check("ruff", f"{m.group(1)}:{m.group(2)}", m.group(3)))
-        p = subprocess.run([ruff, "format", "--no-cache", "--diff", *blobs], cwd=tmp, capture_output=True, text=True)
+        p = subprocess.run(
+            [ruff, "format", "--no-cache", "--diff", *blobs],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+        )
         current = None
         for line in p.stdout.splitlines():
             if line.startswith("--- "):
                 current = line[4:].strip()
             m = re.match(r"^@@ -(\d+)", line)
             if m and current:
-                found.append(Check("ruff-format", f"{current}:{m.group(1)}", "not formatted as `ruff format` would"))
+                found.append(
+                    Check(
+                        "ruff-format",
+                        f"{current}:{m.group(1)}",
+                        "not formatted as `ruff format` would",
+                    )
+                )
     return found
 
 
 # ---------------------------------------------------------------- the verb
 
 
-def cmd_upstream(project: Project, patch_name: str, git_path: str | None, base_rev: str | None) -> int:
+def cmd_upstream(
+    project: Project, patch_name: str, git_path: str | None, base_rev: str | None
+) -> int:
     patches = series_paths(project.patches_dir)
     names = [p.name for p in patches]
     if patch_name not in names:
         stem_hits = [n for n in names if patch_name in n]
         if len(stem_hits) != 1:
-            raise VstackError(f"{patch_name} is not in patches/series ({', '.join(names) or 'empty'})")
+            raise VstackError(
+                f"{patch_name} is not in patches/series ({', '.join(names) or 'empty'})"
+            )
         patch_name = stem_hits[0]
     index = names.index(patch_name)
     infos = [parse_patch(p.read_text(errors="replace")) for p in patches]
     slug = patch_name[: -len(".patch")]
     # the upstream base: a checkout's revision, or the pinned base
-    checkout = Path(git_path).resolve() if git_path else (project.submodule if submodule_head(project) else None)
+    checkout = (
+        Path(git_path).resolve()
+        if git_path
+        else (project.submodule if submodule_head(project) else None)
+    )
     if checkout is not None:
         if not gitutil.is_repo(checkout):
             raise VstackError(f"{checkout} is not a git checkout")
         rev = base_rev or project.pin.short_hash
-        if gitutil.git(checkout, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False).returncode:
+        if gitutil.git(
+            checkout,
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            f"{rev}^{{commit}}",
+            check=False,
+        ).returncode:
             raise VstackError(f"{rev} is not a commit of {checkout} (give --base)")
         base = base_from_git(project, checkout, rev, project.pin.version)
         pyproject = checkout / "pyproject.toml"
-        ruff_config = pyproject if pyproject.is_file() else Path(__file__).with_name("vllm_ruff.toml")
+        ruff_config = (
+            pyproject
+            if pyproject.is_file()
+            else Path(__file__).with_name("vllm_ruff.toml")
+        )
     else:
         base = ensure_base(project)
         ruff_config = Path(__file__).with_name("vllm_ruff.toml")
     repo = project.repo
-    with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe"
-        gitutil.git(repo, "worktree", "add", "-q", "--detach", str(probe), base.commit)
-        try:
-            alone = gitutil.git(probe, "apply", "--check", str(patches[index]), check=False).returncode == 0
-        finally:
-            gitutil.git(repo, "worktree", "remove", "--force", str(probe), check=False)
-            gitutil.git(repo, "worktree", "prune", check=False)
-    dep_idx = dependencies(infos, index, alone, imported_paths(patches[index].read_text(errors="replace")))
+    with gitutil.temp_worktree(repo, base.commit, project.cache) as probe:
+        alone = (
+            gitutil.git(
+                probe, "apply", "--check", str(patches[index]), check=False
+            ).returncode
+            == 0
+        )
+    dep_idx = dependencies(
+        infos, index, alone, imported_paths(patches[index].read_text(errors="replace"))
+    )
     chosen = [patches[j] for j in dep_idx] + [patches[index]]
     print(f"vstack upstream: {patch_name} on {base.commit[:12]} ({base.source})")
     for j in dep_idx:
@@ -333,25 +451,46 @@ def cmd_upstream(project: Project, patch_name: str, git_path: str | None, base_r
     info = infos[index]
     title = info.subject
     if not TITLE_TAGS.match(title):
-        checks.insert(0, Check("title", f"{patch_name}:1", f"title '{title}' lacks vLLM's bracketed tags ([EPLB][Perf] ...)"))
+        checks.insert(
+            0,
+            Check(
+                "title",
+                f"{patch_name}:1",
+                f"title '{title}' lacks vLLM's bracketed tags ([EPLB][Perf] ...)",
+            ),
+        )
     # results files named by the patch's Stack-Results trailers
     results = []
     for rel in info.trailers.get("Stack-Results", []):
         path = project.root / rel.strip()
         if not path.is_file():
-            checks.append(Check("results", f"{patch_name}:1", f"Stack-Results file {rel} does not exist"))
+            checks.append(
+                Check(
+                    "results",
+                    f"{patch_name}:1",
+                    f"Stack-Results file {rel} does not exist",
+                )
+            )
             continue
         results.append((path, json.loads(path.read_text())))
     diff = gitutil.git(repo, "diff", "--no-renames", base.commit, tip).stdout
     loc = loc_outside_exempt(diff)
-    tests = sorted(p for p in info.added if p.startswith("tests/") and p.endswith(".py") and Path(p).name.startswith("test_"))
+    tests = sorted(
+        p
+        for p in info.added
+        if p.startswith("tests/")
+        and p.endswith(".py")
+        and Path(p).name.startswith("test_")
+    )
     deps_text = [f"{infos[j].subject} (stack patch {names[j]})" for j in dep_idx]
     body = render_body(info, deps_text, tests, results, loc)
     # revisions: a new one whenever the content of the PR changes
     out = project.root / "upstream" / slug
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"revisions": []}
+    meta = (
+        json.loads(meta_path.read_text()) if meta_path.is_file() else {"revisions": []}
+    )
     mbox = gitutil.git(repo, "format-patch", "--stdout", "--zero-commit", "--full-index", "--no-signature",
                        "--keep-subject", f"{base.commit}..{tip}", text=False).stdout  # fmt: skip
     digest = hashlib.sha256(mbox).hexdigest()
@@ -360,20 +499,35 @@ def cmd_upstream(project: Project, patch_name: str, git_path: str | None, base_r
         rev_no, range_diff = revs[-1]["revision"], None
     else:
         rev_no = len(revs) + 1
-        range_diff = _range_diff(project, out, revs[-1], base.commit, tip) if revs else None
-        revs.append({"revision": rev_no, "digest": digest, "base": base.commit, "tip": tip})
+        range_diff = (
+            _range_diff(project, out, revs[-1], base.commit, tip) if revs else None
+        )
+        revs.append(
+            {"revision": rev_no, "digest": digest, "base": base.commit, "tip": tip}
+        )
         gitutil.git(repo, "update-ref", f"refs/vstack/upstream/{slug}/v{rev_no}", tip)
     (out / f"v{rev_no}.mbox").write_bytes(mbox)
     (out / "title.txt").write_text(title + "\n")
     (out / "body.md").write_text(body)
-    (out / "checks.txt").write_text("".join(f"{c}\n" for c in checks) or "all checks passed\n")
+    (out / "checks.txt").write_text(
+        "".join(f"{c}\n" for c in checks) or "all checks passed\n"
+    )
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     branch = f"vstack/{slug}-v{rev_no}"
     if checkout is not None:
-        gitutil.git(checkout, "fetch", "-q", "--no-tags", str(repo.resolve()), f"+{tip}:refs/heads/{branch}")
+        gitutil.git(
+            checkout,
+            "fetch",
+            "-q",
+            "--no-tags",
+            str(repo.resolve()),
+            f"+{tip}:refs/heads/{branch}",
+        )
         print(f"  branch {branch} in {checkout} ({len(chosen)} commit(s))")
     print(f"  revision {rev_no}; title: {title}")
-    print(f"  wrote {out.relative_to(project.root)}/{{title.txt,body.md,v{rev_no}.mbox,checks.txt}}")
+    print(
+        f"  wrote {out.relative_to(project.root)}/{{title.txt,body.md,v{rev_no}.mbox,checks.txt}}"
+    )
     if range_diff is not None:
         print(f"  range-diff v{rev_no - 1} -> v{rev_no}:")
         print("".join(f"    {ln}\n" for ln in range_diff.splitlines()))
@@ -395,7 +549,13 @@ def _range_diff(project: Project, out: Path, prev: dict, base: str, tip: str) ->
     repo = project.repo
     old_tip = gitutil.rev_parse(repo, prev["tip"])
     if old_tip is None:  # a fresh clone: rebuild the previous revision from its mbox
-        old_tip = build_commits(project, prev["base"], [out / f"v{prev['revision']}.mbox"])
-    text = gitutil.git(repo, "range-diff", "--no-color", f"{prev['base']}..{old_tip}", f"{base}..{tip}").stdout
-    (out / f"range-diff-v{prev['revision']}-v{prev['revision'] + 1}.txt").write_text(text)
+        old_tip = build_commits(
+            project, prev["base"], [out / f"v{prev['revision']}.mbox"]
+        )
+    text = gitutil.git(
+        repo, "range-diff", "--no-color", f"{prev['base']}..{old_tip}", f"{base}..{tip}"
+    ).stdout
+    (out / f"range-diff-v{prev['revision']}-v{prev['revision'] + 1}.txt").write_text(
+        text
+    )
     return text

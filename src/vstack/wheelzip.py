@@ -50,7 +50,12 @@ def read_members(path: Path) -> tuple[list[Member], int]:
         fields = _CDH.unpack_from(cd, pos)
         if fields[0] != CD_SIG:
             raise VstackError(f"{path}: corrupt central directory")
-        name_len, extra_len, comment_len, offset = fields[10], fields[11], fields[12], fields[16]
+        name_len, extra_len, comment_len, offset = (
+            fields[10],
+            fields[11],
+            fields[12],
+            fields[16],
+        )
         rec_len = _CDH.size + name_len + extra_len + comment_len
         raw = cd[pos : pos + rec_len]
         name = raw[_CDH.size : _CDH.size + name_len].decode(
@@ -59,7 +64,7 @@ def read_members(path: Path) -> tuple[list[Member], int]:
         members.append(Member(name, offset, 0, raw))
         pos += rec_len
     by_offset = sorted(members, key=lambda m: m.offset)
-    for m, nxt in zip(by_offset, by_offset[1:] + [None]):
+    for m, nxt in zip(by_offset, by_offset[1:] + [None], strict=False):
         m.end = nxt.offset if nxt else cd_off
     return members, cd_off
 
@@ -82,8 +87,8 @@ class WheelWriter:
     """Writes members in order; raw ranges from the source go through copy_file_range."""
 
     def __init__(self, out_path: Path, source: Path):
-        self.f = open(out_path, "wb")
-        self.src = open(source, "rb")
+        self.f = open(out_path, "wb")  # noqa: SIM115 (closed in close())
+        self.src = open(source, "rb")  # noqa: SIM115
         self.central: list[bytes] = []
 
     def copy_raw(self, members: list[Member]) -> None:
@@ -107,14 +112,31 @@ class WheelWriter:
         t, d = dos_time
         offset = self.f.tell()
         self.f.write(
-            _LFH.pack(LF_SIG, 20, flags, 8, t, d, crc, len(body), len(data), len(raw_name), 0)
+            _LFH.pack(
+                LF_SIG, 20, flags, 8, t, d, crc, len(body), len(data), len(raw_name), 0
+            )
             + raw_name
         )
         self.f.write(body)
         self.central.append(
             _CDH.pack(
-                CD_SIG, (3 << 8) | 20, 20, flags, 8, t, d, crc, len(body), len(data),
-                len(raw_name), 0, 0, 0, 0, attr, offset,
+                CD_SIG,
+                (3 << 8) | 20,
+                20,
+                flags,
+                8,
+                t,
+                d,
+                crc,
+                len(body),
+                len(data),
+                len(raw_name),
+                0,
+                0,
+                0,
+                0,
+                attr,
+                offset,
             )  # fmt: skip
             + raw_name
         )
@@ -177,7 +199,9 @@ def read_member(f, m: Member) -> bytes:
     raise VstackError(f"{m.name}: unsupported compression method {method}")
 
 
-def read_named(path: Path, names: list[str], members: list[Member] | None = None) -> dict[str, bytes]:
+def read_named(
+    path: Path, names: list[str], members: list[Member] | None = None
+) -> dict[str, bytes]:
     """{name: bytes} for the named members (those present), without zipfile's full scan."""
     if members is None:
         members, _ = read_members(path)
