@@ -174,9 +174,7 @@ def _rank_main(rank, args, port, out_path):
             wall0, cpu0 = time.perf_counter(), time.thread_time()
             state.step()
             wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
-        applied = int(
-            (ms.physical_to_logical_map != before).any(dim=1).sum().item()
-        )
+        applied = int((ms.physical_to_logical_map != before).any(dim=1).sum().item())
         records.append(
             {
                 "phase": phase,
@@ -189,8 +187,12 @@ def _rank_main(rank, args, port, out_path):
         )
         time.sleep(args.step_ms / 1e3)  # the forward pass of a decode step
 
+    # Line the ranks up so that start-up skew does not land in the trigger
+    # step's all_reduce (ordinary steps have no collective to absorb it).
+    torch.distributed.barrier()
     for _ in range(ORDINARY_STEPS):
         timed_step("ordinary")
+    torch.distributed.barrier()
     ms.expert_load_window.copy_(
         skewed_load(NUM_LAYERS, NUM_PHYSICAL, 7, state.expert_load_window_size)
     )
@@ -271,7 +273,13 @@ def main():
     parser.add_argument("--base", default="/work/ref/v0.33.0")
     parser.add_argument("--patched", default="/work/dev/async_path")
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        nargs="+",
+        default=[50.0, 150.0],
+        help="simulated forward time per decode step; one run per value",
+    )
     parser.add_argument("--staged-layers", type=int, default=4)
     parser.add_argument(
         "--json",
@@ -281,7 +289,9 @@ def main():
             "eplb_async_critical_path.json",
         ),
     )
-    parser.add_argument("--variant", choices=["base", "patched"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--variant", choices=["base", "patched"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -291,14 +301,49 @@ def main():
 
     import torch
 
+    runs = []
+    for step_ms in args.step_ms:
+        runs.append(_compare(args, step_ms, torch))
+    report = {
+        "command": " ".join([sys.executable] + sys.argv),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "processor": platform.processor(),
+            "cores": os.cpu_count(),
+            "note": "CPU only, not measured on GPU; 2-core VM shared with other "
+            "jobs; gloo weight transfers, not NVLink",
+        },
+        "base_tree": args.base,
+        "patched_tree": args.patched,
+        "runs": runs,
+    }
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.json}")
+
+
+def _compare(args, step_ms, torch):
     results = {}
     for variant, tree in (("base", args.base), ("patched", args.patched)):
         out = f"/tmp/eplb_async_critical_path_{variant}_{os.getpid()}.pt"
         cmd = [
-            sys.executable, os.path.abspath(__file__), "--variant", variant,
-            "--out", out, "--base", args.base, "--patched", args.patched,
-            "--ranks", str(args.ranks), "--step-ms", str(args.step_ms),
-            "--staged-layers", str(args.staged_layers),
+            sys.executable,
+            os.path.abspath(__file__),
+            "--variant",
+            variant,
+            "--out",
+            out,
+            "--base",
+            args.base,
+            "--patched",
+            args.patched,
+            "--ranks",
+            str(args.ranks),
+            "--step-ms",
+            str(step_ms),
+            "--staged-layers",
+            str(args.staged_layers),
         ]
         env = dict(os.environ, PYTHONPATH=tree, VLLM_TARGET_DEVICE="cpu")
         print(f"running {variant} ({tree}) ...", flush=True)
@@ -310,35 +355,100 @@ def main():
         results[variant]["final_map"] = data["final_map"]
         results[variant]["run_s"] = time.monotonic() - start
 
-    same_map = bool(torch.equal(results["base"].pop("final_map"),
-                                results["patched"].pop("final_map")))
+    same_map = bool(
+        torch.equal(
+            results["base"].pop("final_map"), results["patched"].pop("final_map")
+        )
+    )
     b, p = results["base"], results["patched"]
 
     def fmt(x):
         return f"{x:.3f}" if isinstance(x, float) else str(x)
 
     rows = [
-        ("ordinary step p50 ms", b["ordinary_wall"]["p50_ms"], p["ordinary_wall"]["p50_ms"]),
-        ("ordinary step p99 ms", b["ordinary_wall"]["p99_ms"], p["ordinary_wall"]["p99_ms"]),
-        ("ordinary step max ms", b["ordinary_wall"]["max_ms"], p["ordinary_wall"]["max_ms"]),
-        ("migration step p50 ms", b["migration_wall"]["p50_ms"], p["migration_wall"]["p50_ms"]),
-        ("migration step p99 ms", b["migration_wall"]["p99_ms"], p["migration_wall"]["p99_ms"]),
-        ("migration step max ms", b["migration_wall"]["max_ms"], p["migration_wall"]["max_ms"]),
-        ("migration step p99 CPU ms", b["migration_cpu"]["p99_ms"], p["migration_cpu"]["p99_ms"]),
-        ("applying step p99 ms", b["apply_step_wall"]["p99_ms"], p["apply_step_wall"]["p99_ms"]),
+        (
+            "ordinary step p50 ms",
+            b["ordinary_wall"]["p50_ms"],
+            p["ordinary_wall"]["p50_ms"],
+        ),
+        (
+            "ordinary step p99 ms",
+            b["ordinary_wall"]["p99_ms"],
+            p["ordinary_wall"]["p99_ms"],
+        ),
+        (
+            "ordinary step max ms",
+            b["ordinary_wall"]["max_ms"],
+            p["ordinary_wall"]["max_ms"],
+        ),
+        (
+            "migration step p50 ms",
+            b["migration_wall"]["p50_ms"],
+            p["migration_wall"]["p50_ms"],
+        ),
+        (
+            "migration step p99 ms",
+            b["migration_wall"]["p99_ms"],
+            p["migration_wall"]["p99_ms"],
+        ),
+        (
+            "migration step max ms",
+            b["migration_wall"]["max_ms"],
+            p["migration_wall"]["max_ms"],
+        ),
+        (
+            "migration step p99 CPU ms",
+            b["migration_cpu"]["p99_ms"],
+            p["migration_cpu"]["p99_ms"],
+        ),
+        (
+            "applying step p99 ms",
+            b["apply_step_wall"]["p99_ms"],
+            p["apply_step_wall"]["p99_ms"],
+        ),
         ("trigger step ms", b["trigger_wall_ms"], p["trigger_wall_ms"]),
-        ("steps with migration in flight", b["migration_steps_in_flight"], p["migration_steps_in_flight"]),
-        ("steps applying layers", b["migration_steps_applying"], p["migration_steps_applying"]),
-        ("max layers applied in one step", b["max_layers_per_step"], p["max_layers_per_step"]),
-        ("blocking ops / ordinary step (max)", b["blocking_ordinary"]["max_per_step"], p["blocking_ordinary"]["max_per_step"]),
-        ("blocking ops / migration step (max)", b["blocking_migration"]["max_per_step"], p["blocking_migration"]["max_per_step"]),
-        ("blocking ops / migration step (mean)", b["blocking_migration"]["mean_per_step"], p["blocking_migration"]["mean_per_step"]),
-        ("blocking ops on trigger step", b["blocking_trigger"]["max_per_step"], p["blocking_trigger"]["max_per_step"]),
+        (
+            "steps with migration in flight",
+            b["migration_steps_in_flight"],
+            p["migration_steps_in_flight"],
+        ),
+        (
+            "steps applying layers",
+            b["migration_steps_applying"],
+            p["migration_steps_applying"],
+        ),
+        (
+            "max layers applied in one step",
+            b["max_layers_per_step"],
+            p["max_layers_per_step"],
+        ),
+        (
+            "blocking ops / ordinary step (max)",
+            b["blocking_ordinary"]["max_per_step"],
+            p["blocking_ordinary"]["max_per_step"],
+        ),
+        (
+            "blocking ops / migration step (max)",
+            b["blocking_migration"]["max_per_step"],
+            p["blocking_migration"]["max_per_step"],
+        ),
+        (
+            "blocking ops / migration step (mean)",
+            b["blocking_migration"]["mean_per_step"],
+            p["blocking_migration"]["mean_per_step"],
+        ),
+        (
+            "blocking ops on trigger step",
+            b["blocking_trigger"]["max_per_step"],
+            p["blocking_trigger"]["max_per_step"],
+        ),
     ]
     width = max(len(r[0]) for r in rows)
-    print(f"\nEPLB async critical path: L={NUM_LAYERS} NLOG={NUM_LOGICAL} "
-          f"P={NUM_PHYSICAL}, {args.ranks} gloo ranks, {args.step_ms} ms/step "
-          f"simulated forward, staged layers {args.staged_layers} (patched)")
+    print(
+        f"\nEPLB async critical path: L={NUM_LAYERS} NLOG={NUM_LOGICAL} "
+        f"P={NUM_PHYSICAL}, {args.ranks} gloo ranks, {step_ms} ms/step "
+        f"simulated forward, staged layers {args.staged_layers} (patched)"
+    )
     print(f"{'metric':<{width}}  {'0.33.0':>10}  {'patched':>10}  {'ratio':>8}")
     for name, bv, pv in rows:
         ratio = ""
@@ -351,19 +461,16 @@ def main():
     print(f"final maps identical: {same_map}")
 
     p99_ratio = b["migration_wall"]["p99_ms"] / p["migration_wall"]["p99_ms"]
-    report = {
-        "command": " ".join([sys.executable] + sys.argv),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "processor": platform.processor(),
-            "cores": os.cpu_count(),
-            "note": "CPU only, not measured on GPU; 2-core VM shared with other jobs",
+    print(f"migration p99 ratio {p99_ratio:.1f}x")
+    return {
+        "shapes": {
+            "layers": NUM_LAYERS,
+            "logical": NUM_LOGICAL,
+            "physical": NUM_PHYSICAL,
+            "ranks": args.ranks,
+            "step_ms": step_ms,
+            "staged_layers": args.staged_layers,
         },
-        "shapes": {"layers": NUM_LAYERS, "logical": NUM_LOGICAL,
-                   "physical": NUM_PHYSICAL, "ranks": args.ranks,
-                   "step_ms": args.step_ms, "staged_layers": args.staged_layers},
-        "base_tree": args.base,
-        "patched_tree": args.patched,
         "results": results,
         "migration_p99_ratio": p99_ratio,
         "final_maps_identical": same_map,
@@ -378,10 +485,6 @@ def main():
             ),
         },
     }
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"migration p99 ratio {p99_ratio:.1f}x; wrote {args.json}")
 
 
 if __name__ == "__main__":

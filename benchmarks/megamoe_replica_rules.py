@@ -15,9 +15,10 @@
    EPLB path before (0.33.0's forward file) and after (the patched one), on
    CPU under the Triton interpreter with DeepGEMM faked.
 
-Run against the patched vLLM source tree (it imports the test helpers from it):
-    cd <patched vllm checkout> && PYTHONPATH=$PWD VLLM_TARGET_DEVICE=cpu \\
-        python /work/main/benchmarks/megamoe_replica_rules.py
+Run with the patched vLLM installed (scripts/test's environment) after
+scripts/test has extracted the series' tests into .vstack/stack-tests, or with
+a patched source tree on PYTHONPATH:
+    VLLM_TARGET_DEVICE=cpu <test-env>/bin/python benchmarks/megamoe_replica_rules.py
 """
 
 import os
@@ -39,7 +40,12 @@ from pathlib import Path  # noqa: E402
 
 import vllm  # noqa: E402
 
+STACK_ROOT = Path(__file__).resolve().parents[1]
+# The test helpers live in the series' tests/ tree: beside a source checkout's vllm/,
+# or where scripts/test extracts them for the installed wheel.
 VLLM_ROOT = Path(vllm.__file__).resolve().parent.parent
+if not (VLLM_ROOT / "tests" / "kernels" / "moe").is_dir():
+    VLLM_ROOT = STACK_ROOT / ".vstack" / "stack-tests"
 sys.path.insert(0, str(VLLM_ROOT))
 
 from tests.kernels.moe.megamoe_eplb_utils import (  # noqa: E402
@@ -236,6 +242,22 @@ def count_launches(before_src: Path) -> dict:
     return results
 
 
+def _base_file(path: str) -> Path:
+    """A file of the pinned, unpatched base, from the stack repository."""
+    import subprocess
+    import tempfile
+
+    version = vllm.__version__.split("+")[0]
+    data = subprocess.run(
+        ["git", "-C", str(STACK_ROOT / ".vstack" / "repo"), "show",
+         f"base/{version}:{path}"],
+        check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    out = Path(tempfile.mkdtemp()) / Path(path).name
+    out.write_bytes(data)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -243,11 +265,9 @@ def main() -> None:
     parser.add_argument(
         "--before-src",
         type=Path,
-        default=Path(
-            "/work/ref/v0.33.0/vllm/model_executor/layers/fused_moe/"
-            "deep_gemm_mega_moe.py"
-        ),
-        help="0.33.0's deep_gemm_mega_moe.py, for the launch count before",
+        default=None,
+        help="0.33.0's deep_gemm_mega_moe.py, for the launch count before "
+        "(default: taken from the stack's pinned base in .vstack/repo)",
     )
     parser.add_argument(
         "--out",
@@ -257,6 +277,10 @@ def main() -> None:
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(args.seed)
 
+    if args.before_src is None:
+        args.before_src = _base_file(
+            "vllm/model_executor/layers/fused_moe/deep_gemm_mega_moe.py"
+        )
     checked = cross_check_kernel(gen)
     print(f"kernel == rule reference on {checked} DEP32 cases (Triton staging)")
 

@@ -154,7 +154,10 @@ def hunks_at(info: PatchInfo, file: str, line: int | None) -> list[Hunk]:
     )
 
 
-def slug(subject: str) -> str:
+def slug(subject: str, limit: int = 72) -> str:
+    """File name for a patch: its subject, lowercase, cut at a word boundary."""
     s = re.sub(r"\[([^\]]*)\]", r"\1 ", subject).lower()
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
-    return (s[:60].rstrip("-") or "patch") + ".patch"
+    if len(s) > limit:
+        s = s[:limit].rsplit("-", 1)[0]
+    return (s or "patch") + ".patch"
