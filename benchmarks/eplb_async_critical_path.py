@@ -66,7 +66,6 @@ def _summary(times_s):
 def _install_base_cpu_seams():
     """Let the 0.33.0 async worker run without an accelerator."""
     import torch
-
     from vllm.distributed.eplb import (
         async_worker,
         eplb_communicator,
@@ -121,7 +120,6 @@ def _rank_main(rank, args, port, out_path):
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     sys.path.insert(0, os.path.join(args.patched, "tests", "distributed", "eplb"))
     import torch
-
     from eplb_async_helpers import (
         FakeMoEModel,
         HostBlockingOpCounter,
@@ -185,7 +183,7 @@ def _rank_main(rank, args, port, out_path):
                 "blocking": dict(counter.take()),
             }
         )
-        time.sleep(args.step_ms / 1e3)  # the forward pass of a decode step
+        time.sleep(args.step_ms[0] / 1e3)  # the forward pass of a decode step
 
     # Line the ranks up so that start-up skew does not land in the trigger
     # step's all_reduce (ordinary steps have no collective to absorb it).

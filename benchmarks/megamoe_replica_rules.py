@@ -322,8 +322,22 @@ def main() -> None:
                 f"{r['rank_max_over_mean'] / base:12.3f} {r['local_fraction']:6.3f}"
             )
 
+    summary = {
+        f"kernels per MoE layer, {fmt}, before / after": (
+            f"{launches[fmt]['before']['kernels']} / {launches[fmt]['after']['kernels']}"
+        )
+        for fmt in ("mxfp8", "nvfp4")
+    }
+    for sim in sims:
+        base = sim["rules"]["hash"]["rank_max_over_mean"]
+        for rule, r in sim["rules"].items():
+            summary[
+                f"{sim['traffic']} zipf {sim['zipf']}: busiest rank / mean, {rule}"
+            ] = f"{r['rank_max_over_mean']:.3f} ({r['rank_max_over_mean'] / base:.3f}x hash)"
+
     result = {
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": " ".join(["python", *sys.argv]),
+        "summary": summary,
         "vllm_source": str(VLLM_ROOT),
         "machine": {
             "processor": platform.processor(),

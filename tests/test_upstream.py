@@ -222,3 +222,15 @@ def test_pure_helpers():
         "c.py:2: [config] C.x has no default",
         "c.py:2: [config] C.x has no docstring",
     ]
+
+
+def test_results_summary_and_description_split(tmp_path):
+    from vstack.upstream import render_results, split_description
+
+    data = {"command": "python b.py", "machine": {"cores": 2, "note": "CPU only"},
+            "summary": {"p99 before / after (ms)": "7.4 / 0.2"}, "raw": {"x": 1}}  # fmt: skip
+    text = render_results(tmp_path / "r.json", data)
+    assert "| p99 before / after (ms) | 7.4 / 0.2 |" in text and "| raw.x |" not in text
+    assert "on cores: 2, note: CPU only" in text and "Not measured on GPU." in text
+    purpose, testing = split_description("Why: a.\n\nWhat: b.\n\nTests: c.\n\nMore: d.")
+    assert purpose == "Why: a.\n\nWhat: b." and testing == "Tests: c.\n\nMore: d."

@@ -167,9 +167,17 @@ def flatten_numbers(obj, prefix="") -> list[tuple[str, object]]:
     return out
 
 
+def _machine(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items() if v not in ("", None))
+    return str(value)
+
+
 def render_results(path: Path, data: dict) -> str:
+    """One results file as Markdown: where it came from, then its numbers (the
+    file's own "summary" when it has one, else every numeric leaf)."""
     cmd = data.get("command", "(command not recorded)")
-    machine = str(data.get("machine", "(machine not recorded)"))
+    machine = _machine(data.get("machine", "(machine not recorded)"))
     when = data.get("when") or data.get("timestamp") or ""
     lines = [
         f"**{path.name}**: `{cmd}` on {machine}{f', {when}' if when else ''}",
@@ -177,7 +185,12 @@ def render_results(path: Path, data: dict) -> str:
         "| metric | value |",
         "|---|---|",
     ]
-    for k, v in flatten_numbers(data)[:40]:
+    rows = (
+        list(data["summary"].items())
+        if isinstance(data.get("summary"), dict)
+        else flatten_numbers(data)[:40]
+    )
+    for k, v in rows:
         lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
     gpu_keys = [k for k in data if "gpu" in k.lower()]
     if "not measured on gpu" in json.dumps(data).lower() or not gpu_keys:
@@ -185,11 +198,23 @@ def render_results(path: Path, data: dict) -> str:
     return "\n".join(lines)
 
 
+def split_description(body: str) -> tuple[str, str]:
+    """(purpose, testing notes): the commit body up to its first paragraph about
+    tests, and the rest."""
+    paras = body.strip().split("\n\n")
+    for i, p in enumerate(paras):
+        if i and re.match(
+            r"(Tests?|Testing|How (it was )?tested|Test plan)\b", p.strip(), re.I
+        ):
+            return "\n\n".join(paras[:i]), "\n\n".join(paras[i:])
+    return body.strip(), ""
+
+
 def render_body(
     info, deps: list[str], tests: list[str], results: list[tuple[Path, dict]], loc: int
 ) -> str:
-    purpose = info.body.strip() or "(the patch has no description)"
-    parts = ["## Purpose", "", purpose, ""]
+    purpose, testing = split_description(info.body)
+    parts = ["## Purpose", "", purpose or "(the patch has no description)", ""]
     if deps:
         parts += [
             "This PR includes, as separate commits, the earlier stack changes it builds on:",
@@ -204,7 +229,10 @@ def render_body(
     for _, data in results:
         if data.get("command"):
             parts.append(data["command"])
-    parts += ["```", "", "## Test Result", ""]
+    parts += ["```", ""]
+    if testing:
+        parts += ["From the commit message:", "", testing, ""]
+    parts += ["## Test Result", ""]
     if results:
         for path, data in results:
             parts += [render_results(path, data), ""]
@@ -284,6 +312,7 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
                ruff_config: Path) -> list[Check]:  # fmt: skip
     repo = project.repo
     found: list[Check] = []
+    added_lines: dict[str, set[int]] = {}
     changes = gitutil.tree_changes(repo, base, tip)
     py_files = [p for s, p, _ in changes if s != "D" and p.endswith(".py")]
     blobs = gitutil.read_blobs(repo, tip, py_files)
@@ -303,6 +332,7 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
         added: dict[str, set[int]] = {}
         for _, file, new_no, line in _added_lines(text):
             added.setdefault(file, set()).add(new_no)
+            added_lines.setdefault(file, set()).add(new_no)
             if (
                 file.endswith(".py")
                 and TORCH_CUDA.search(line.split("#", 1)[0])
@@ -357,9 +387,11 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
             return found
         p = subprocess.run([ruff, "check", "--no-cache", "--output-format=concise", *blobs],
                            cwd=tmp, capture_output=True, text=True)  # fmt: skip
+        # Only what the change adds is the PR's to fix: upstream's own lines pass
+        # upstream's configuration (ours only restates it when no checkout exists).
         for line in p.stdout.splitlines():
             m = re.match(r"^(.+?):(\d+):\d+: (.+)$", line)
-            if m:
+            if m and int(m.group(2)) in added_lines.get(m.group(1), ()):
                 found.append(Check("ruff", f"{m.group(1)}:{m.group(2)}", m.group(3)))
         p = subprocess.run(
             [ruff, "format", "--no-cache", "--diff", *blobs],
@@ -371,15 +403,19 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
         for line in p.stdout.splitlines():
             if line.startswith("--- "):
                 current = line[4:].strip()
-            m = re.match(r"^@@ -(\d+)", line)
+            m = re.match(r"^@@ -(\d+)(?:,(\d+))?", line)
             if m and current:
-                found.append(
-                    Check(
-                        "ruff-format",
-                        f"{current}:{m.group(1)}",
-                        "not formatted as `ruff format` would",
+                start, n = int(m.group(1)), int(m.group(2) or 1)
+                if set(range(start, start + max(n, 1))) & added_lines.get(
+                    current, set()
+                ):
+                    found.append(
+                        Check(
+                            "ruff-format",
+                            f"{current}:{start}",
+                            "not formatted as `ruff format` would",
+                        )
                     )
-                )
     return found
 
 
