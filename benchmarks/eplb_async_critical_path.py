@@ -18,10 +18,12 @@ test-side seams only (a no-op stream object, CpuGpuEvent without device
 events, no-op ``device_stream``), none of which touches the main-thread path
 being measured.
 
-Usage:
+Usage (in scripts/test's environment):
   python benchmarks/eplb_async_critical_path.py \
-      [--base /work/ref/v0.33.0] [--patched /work/dev/async_path] \
-      [--ranks 4] [--step-ms 20] [--staged-layers 4]
+      [--base TREE] [--patched TREE] [--ranks 4] [--step-ms 20] [--staged-layers 4]
+
+Without --base/--patched both trees are checked out from the stack repository
+(.vstack/repo): the pinned base, and the base with patches/series applied.
 """
 
 import argparse
@@ -268,8 +270,8 @@ def _analyse(records):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="/work/ref/v0.33.0")
-    parser.add_argument("--patched", default="/work/dev/async_path")
+    parser.add_argument("--base", help="unpatched vLLM source tree")
+    parser.add_argument("--patched", help="patched vLLM source tree")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument(
         "--step-ms",
@@ -297,13 +299,41 @@ def main():
         _run_variant(args)
         return
 
+    with contextlib.ExitStack() as trees:
+        if not (args.base and args.patched):
+            base, patched = _stack_trees(trees)
+            args.base, args.patched = args.base or base, args.patched or patched
+        _main(args)
+
+
+def _stack_trees(stack: contextlib.ExitStack) -> tuple[str, str]:
+    """Worktrees of the pinned base and of the applied series, from vstack."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "src"))
+    from vstack import gitutil
+    from vstack.base import ensure_base
+    from vstack.config import load_project
+    from vstack.export import applied_tip
+    from vstack.series import series_paths
+
+    project = load_project(__import__("pathlib").Path(root))
+    base = ensure_base(project)
+    tip = applied_tip(project, base, series_paths(project.patches_dir))
+    trees = [
+        str(stack.enter_context(gitutil.temp_worktree(project.repo, rev, project.cache)))
+        for rev in (base.commit, tip)
+    ]
+    return trees[0], trees[1]
+
+
+def _main(args):
     import torch
 
     runs = []
     for step_ms in args.step_ms:
         runs.append(_compare(args, step_ms, torch))
     report = {
-        "command": " ".join([sys.executable] + sys.argv),
+        "command": " ".join(["python"] + sys.argv),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {
             "processor": platform.processor(),
@@ -311,14 +341,34 @@ def main():
             "note": "CPU only, not measured on GPU; 2-core VM shared with other "
             "jobs; gloo weight transfers, not NVLink",
         },
-        "base_tree": args.base,
-        "patched_tree": args.patched,
+        "summary": _summary(runs),
         "runs": runs,
     }
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.json}")
+
+
+def _summary(runs):
+    """Headline numbers per simulated step time, 0.33.0 -> patched."""
+    out = {}
+    for run in runs:
+        b, p = run["results"]["base"], run["results"]["patched"]
+        tag = f"{run['shapes']['step_ms']:g} ms/step"
+        out[f"{tag}: migration step p99 ms (0.33.0 / patched)"] = (
+            f"{b['migration_wall']['p99_ms']:.2f} / {p['migration_wall']['p99_ms']:.2f}"
+            f" ({run['migration_p99_ratio']:.1f}x)"
+        )
+        out[f"{tag}: host-blocking ops per migration step, max"] = (
+            f"{b['blocking_migration']['max_per_step']} / "
+            f"{p['blocking_migration']['max_per_step']}"
+        )
+        out[f"{tag}: steps applying layers (43 layers)"] = (
+            f"{b['migration_steps_applying']} / {p['migration_steps_applying']}"
+        )
+        out[f"{tag}: final maps identical"] = run["final_maps_identical"]
+    return out
 
 
 def _compare(args, step_ms, torch):
