@@ -341,7 +341,7 @@ def _main(args):
             "note": "CPU only, not measured on GPU; 2-core VM shared with other "
             "jobs; gloo weight transfers, not NVLink",
         },
-        "summary": _summary(runs),
+        "summary": _headline(runs),
         "runs": runs,
     }
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
@@ -350,7 +350,7 @@ def _main(args):
     print(f"wrote {args.json}")
 
 
-def _summary(runs):
+def _headline(runs):
     """Headline numbers per simulated step time, 0.33.0 -> patched."""
     out = {}
     for run in runs:

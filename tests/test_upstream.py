@@ -209,12 +209,15 @@ def test_pure_helpers():
     )
 
     class Info:
-        def __init__(self, files):
-            self.files = files
+        def __init__(self, files, added=()):
+            self.files, self.added = files, list(added)
 
-    infos = [Info(["a"]), Info(["b"]), Info(["c", "a"]), Info(["c"])]
+    infos = [Info(["a"]), Info(["b"], added=["b"]), Info(["c", "a"]), Info(["c"])]
     assert dependencies(infos, 3, applies_alone=False) == [0, 2]
     assert dependencies(infos, 3, applies_alone=True) == []
+    # importing a module an earlier patch adds is a dependency; importing one it
+    # only modifies is not
+    assert dependencies(infos, 3, applies_alone=True, imports={"b", "a"}) == [1]
     found = undocumented_config_fields(
         "c.py", "class C:\n    x: int\n    y: int = 1\n    '''doc'''\n", {2, 3}
     )

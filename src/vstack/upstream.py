@@ -71,10 +71,13 @@ def imported_paths(patch_text: str) -> set[str]:
 def dependencies(
     infos: list, index: int, applies_alone: bool, imports=frozenset()
 ) -> list[int]:
-    """Earlier patches the target needs: those touching its files when it does not
-    apply alone on the base, and those adding a module it imports; transitively."""
-    need = set()
-    files = set(imports)
+    """Earlier patches the target needs: those adding a module it imports, and,
+    when it does not apply alone on the base, those touching its files;
+    transitively over the files of what is pulled in."""
+    need = {
+        j for j in range(index) if set(imports) & set(getattr(infos[j], "added", []))
+    }
+    files = set().union(*(set(infos[j].files) for j in need)) if need else set()
     if not applies_alone:
         files |= set(infos[index].files)
     changed = True
@@ -468,12 +471,9 @@ def cmd_upstream(
         ruff_config = Path(__file__).with_name("vllm_ruff.toml")
     repo = project.repo
     with gitutil.temp_worktree(repo, base.commit, project.cache) as probe:
-        alone = (
-            gitutil.git(
-                probe, "apply", "--check", str(patches[index]), check=False
-            ).returncode
-            == 0
-        )
+        # A patch that needs only a 3-way merge (context from an unrelated earlier
+        # patch) still stands alone upstream.
+        alone = apply_patches(probe, [patches[index]], log=lambda s: None)[-1].ok
     dep_idx = dependencies(
         infos, index, alone, imported_paths(patches[index].read_text(errors="replace"))
     )
