@@ -17,10 +17,10 @@ On CPU the symmetric memory is host shared memory (/dev/shm files mapped by
 every rank), the same provider the CPU tests use. ``--device cuda`` uses the
 CUDA symmetric-memory provider and also measures the raw peer-copy bandwidth.
 
-Run against the patched vLLM tree, e.g.::
+Run with the patched vLLM importable: in scripts/test's environment (the built
+wheel is installed there), or with a patched source tree on PYTHONPATH::
 
-    PYTHONPATH=/work/dev/symm_mem VLLM_TARGET_DEVICE=cpu \\
-        /work/venv-cpu/bin/python benchmarks/eplb_symm_mem.py
+    VLLM_TARGET_DEVICE=cpu <test-env>/bin/python benchmarks/eplb_symm_mem.py
 """
 
 import argparse
@@ -43,7 +43,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-
 from vllm.distributed.eplb.eplb_communicator import (  # noqa: E402
     TorchDistGlooStagedEplbCommunicator,
 )
@@ -101,7 +100,9 @@ class _NoopStream:
 
 
 def _row_sizes(expert_bytes: int) -> list[int]:
-    sizes = [max(16, int(expert_bytes * f)) // 16 * 16 for f in TENSOR_FRACTIONS.values()]
+    sizes = [
+        max(16, int(expert_bytes * f)) // 16 * 16 for f in TENSOR_FRACTIONS.values()
+    ]
     return sizes
 
 
@@ -128,8 +129,8 @@ def _remote_rows(old: np.ndarray, new: np.ndarray, world_size: int) -> np.ndarra
     return out
 
 
-def _fill_weights(weights, placement, rank, n):
-    for layer, tensors in enumerate(weights):
+def _fill_weights(weights, placement, rank, n, first_layer=0):
+    for layer, tensors in enumerate(weights, start=first_layer):
         experts = torch.from_numpy(placement[layer, rank * n : (rank + 1) * n])
         for t_idx, w in enumerate(tensors):
             value = (experts * 7 + layer * 31 + t_idx) % 251
@@ -203,16 +204,28 @@ def _rank_main(rank, world_size, port, args, out_path):
             exec_time[0] += time.perf_counter() - start
 
         comm.execute = timed_execute
+        fence_time = [0.0]
+        if backend != "torch_gloo":
+            fence = comm._fence
+
+            def timed_fence(name, fence=fence, fence_time=fence_time):
+                start = time.perf_counter()
+                fence(name)
+                fence_time[0] += time.perf_counter() - start
+
+            comm._fence = timed_fence
         stub = (
-            mock.patch.object(torch.accelerator, "current_stream", lambda *a: _NoopStream())
+            mock.patch.object(
+                torch.accelerator, "current_stream", lambda *a: _NoopStream()
+            )
             if not cuda and backend == "torch_gloo"
             else contextlib.nullcontext()
         )
-        totals, execs = [], []
+        totals, execs, fences, pushes = [], [], [], []
         with stub:
             for it in range(1 + args.iters):
                 for src, dst in ((old, new), (new, old)):
-                    exec_time[0] = 0.0
+                    exec_time[0] = fence_time[0] = 0.0
                     dist.barrier(group=group)
                     sync()
                     start = time.perf_counter()
@@ -229,18 +242,36 @@ def _rank_main(rank, world_size, port, args, out_path):
                     if it > 0:  # the first round warms up (page faults, sockets)
                         totals.append(_max_over_ranks(total, group))
                         execs.append(_max_over_ranks(exec_time[0], group))
+                        # Pushes alone: execute() minus the time in fences
+                        # (which includes waiting for the slowest rank), per
+                        # rank, then the slowest rank.
+                        if backend != "torch_gloo":
+                            fences.append(_max_over_ranks(fence_time[0], group))
+                            pushes.append(
+                                _max_over_ranks(exec_time[0] - fence_time[0], group)
+                            )
         # The last pass moved the weights back to ``old``: check every byte.
-        expected = [[torch.empty_like(w) for w in ws] for ws in weights]
-        _fill_weights(expected, old, rank, n)
-        ok = all(torch.equal(a, b) for ws, es in zip(weights, expected) for a, b in zip(ws, es))
+        ok = True
+        for layer in range(NUM_LAYERS):
+            expected = [[torch.empty_like(w) for w in weights[layer]]]
+            _fill_weights(expected, old, rank, n, first_layer=layer)
+            ok &= all(torch.equal(a, b) for a, b in zip(weights[layer], expected[0]))
         ok = _max_over_ranks(0.0 if ok else 1.0, group) == 0.0
         del comm, expected
-        results[backend] = {"total_s": totals, "execute_s": execs, "correct": ok}
+        results[backend] = {
+            "total_s": totals,
+            "execute_s": execs,
+            "fence_s": fences,
+            "push_s": pushes,
+            "correct": ok,
+        }
 
     # memcpy of the same bytes, all ranks at once: per layer one bulk copy of
     # the rows this rank receives, and the same rows one copy per (row, tensor).
     max_rows = int(max(remote.max(), back.max()))
-    src = [torch.empty((max_rows, s), dtype=torch.uint8, device=device) for s in row_sizes]
+    src = [
+        torch.empty((max_rows, s), dtype=torch.uint8, device=device) for s in row_sizes
+    ]
     dst = [torch.empty_like(t) for t in src]
     for t in src + dst:
         t.fill_(1)
@@ -323,11 +354,18 @@ def _summarize(raw: dict) -> dict:
     for backend, r in raw["backends"].items():
         t_total, gbps_total = stats(r["total_s"])
         t_exec, gbps_exec = stats(r["execute_s"])
+        t_push, gbps_push = stats(r["push_s"]) if r["push_s"] else (None, None)
         per[backend] = {
             "per_layer_ms": 1e3 * t_total / NUM_LAYERS,
             "gbps_end_to_end": gbps_total,
             "transfer_per_layer_ms": 1e3 * t_exec / NUM_LAYERS,
             "gbps_transfer": gbps_exec,
+            "fence_per_layer_ms": (
+                1e3 * float(np.median(r["fence_s"])) / NUM_LAYERS
+                if r["fence_s"]
+                else None
+            ),
+            "gbps_pushes": gbps_push,
             "rearrangement_s": t_total,
             "correct": r["correct"],
         }
@@ -343,6 +381,12 @@ def _summarize(raw: dict) -> dict:
         )
         ratios[f"{backend}_transfer_vs_memcpy_rowwise"] = (
             per[backend]["gbps_transfer"] / row_gbps
+        )
+        ratios[f"{backend}_pushes_vs_memcpy_bulk"] = (
+            per[backend]["gbps_pushes"] / bulk_gbps
+        )
+        ratios[f"{backend}_pushes_vs_memcpy_rowwise"] = (
+            per[backend]["gbps_pushes"] / row_gbps
         )
         ratios[f"{backend}_vs_torch_gloo_end_to_end"] = (
             per["torch_gloo"]["per_layer_ms"] / per[backend]["per_layer_ms"]
@@ -362,6 +406,10 @@ def _summarize(raw: dict) -> dict:
     return {"backends": per, "ratios": ratios}
 
 
+def _fmt(value, width):
+    return f"{value:{width}.2f}" if value is not None else f"{'-':>{width}}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -369,7 +417,7 @@ def main() -> None:
     parser.add_argument(
         "--expert-kib",
         type=int,
-        default=64,
+        default=128,
         help="bytes per expert (all tensors) in KiB; DSV4-Flash is ~12 MiB",
     )
     parser.add_argument("--iters", type=int, default=2)
@@ -402,11 +450,13 @@ def main() -> None:
     print(
         f"\nEPLB expert-weight migration, {NUM_LAYERS} layers, {NUM_LOGICAL} logical "
         f"/ {NUM_PHYSICAL} physical experts, {args.expert_kib} KiB per expert "
-        f"(DSV4-Flash: ~{DSV4_FLASH_EXPERT_BYTES / 2**20:.0f} MiB), device={args.device}"
+        f"(DSV4-Flash: ~{DSV4_FLASH_EXPERT_BYTES / 2**20:.0f} MiB), "
+        f"device={args.device}"
     )
     header = (
         f"{'ranks':>5} {'backend':<16} {'layer ms':>9} {'GB/s e2e':>9} "
-        f"{'xfer ms':>8} {'GB/s xfer':>9} {'43-layer s':>10} {'exact':>5}"
+        f"{'xfer ms':>8} {'GB/s xfer':>9} {'fence ms':>8} {'GB/s push':>9} "
+        f"{'43-layer s':>10} {'exact':>5}"
     )
     print(header)
     for ws, run in runs.items():
@@ -415,7 +465,9 @@ def main() -> None:
             print(
                 f"{ws:>5} {backend:<16} {r['per_layer_ms']:9.2f} "
                 f"{r['gbps_end_to_end']:9.2f} {r['transfer_per_layer_ms']:8.2f} "
-                f"{r['gbps_transfer']:9.2f} {r['rearrangement_s']:10.3f} "
+                f"{r['gbps_transfer']:9.2f} "
+                f"{_fmt(r['fence_per_layer_ms'], 8)} {_fmt(r['gbps_pushes'], 9)} "
+                f"{r['rearrangement_s']:10.3f} "
                 f"{str(r['correct']):>5}"
             )
         ratios = run["ratios"]
@@ -432,7 +484,8 @@ def main() -> None:
 
     result = {
         "benchmark": "eplb_symm_mem",
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": " ".join(["python", *sys.argv]),
+        "summary": headline(runs),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "machine": {
             "processor": platform.processor(),
@@ -460,6 +513,27 @@ def main() -> None:
     with open(args.output, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nwrote {args.output}")
+
+
+def headline(runs: dict) -> dict:
+    """The numbers a PR description quotes, per world size."""
+    out = {}
+    for ws, run in runs.items():
+        b = run["backends"]
+        out[f"{ws} ranks: ms per layer, torch_gloo / single / double"] = " / ".join(
+            f"{b[k]['per_layer_ms']:.1f}"
+            for k in ("torch_gloo", "symm_mem_single", "symm_mem_double")
+        )
+        for key in (
+            "symm_mem_single_vs_torch_gloo_transfer",
+            "symm_mem_double_vs_torch_gloo_transfer",
+            "symm_mem_single_pushes_vs_memcpy_bulk",
+            "symm_mem_double_pushes_vs_memcpy_bulk",
+            "symm_mem_double_transfer_vs_memcpy_bulk",
+        ):
+            if key in run["ratios"]:
+                out[f"{ws} ranks: {key}"] = round(run["ratios"][key], 2)
+    return out
 
 
 if __name__ == "__main__":
