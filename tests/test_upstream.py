@@ -237,3 +237,52 @@ def test_results_summary_and_description_split(tmp_path):
     assert "on cores: 2, note: CPU only" in text and "Not measured on GPU." in text
     purpose, testing = split_description("Why: a.\n\nWhat: b.\n\nTests: c.\n\nMore: d.")
     assert purpose == "Why: a.\n\nWhat: b." and testing == "Tests: c.\n\nMore: d."
+
+
+def test_dependencies_are_pruned_to_what_the_chain_needs(stack, capsys):
+    _need_ruff()
+    base = "".join(f"line {i}\n" for i in range(1, 41))
+
+    def edit(text, n, new):
+        lines = text.splitlines(True)
+        lines[n - 1] = new + "\n"
+        return "".join(lines)
+
+    assert stack.run("apply") == 0
+    a = stack.repo / "vllm/a.py"
+    stack.commit_on_work(
+        "vllm/a.py", base, "[Test] Seed a\n\nSeed file a for the test." + SIGNED
+    )
+    stack.commit_on_work(
+        "vllm/b.py", base, "[Test] Seed b\n\nSeed file b for the test." + SIGNED
+    )
+    assert stack.run("export") == 0
+    # the seeds become part of the base: re-pin onto a wheel that has them
+    stack.commit_on_work(
+        "vllm/a.py",
+        edit(base, 5, "line 5 p1"),
+        "[Test] P1\n\nFirst edit of a." + SIGNED,
+    )
+    a_text = a.read_text()
+    (stack.repo / "vllm/a.py").write_text(edit(a_text, 30, "line 30 p2"))
+    (stack.repo / "vllm/b.py").write_text(edit(base, 5, "line 5 p2"))
+    git(
+        stack.repo,
+        "commit",
+        "-q",
+        "-am",
+        "[Test] P2\n\nEdits a far from P1, and b." + SIGNED,
+    )
+    stack.commit_on_work("vllm/b.py", edit(edit(base, 5, "line 5 p2"), 6, "line 6 p3"),
+                         "[Test] P3\n\nEdits b next to P2's line." + SIGNED)  # fmt: skip
+    assert stack.run("export") == 0
+    capsys.readouterr()
+    stack.run("upstream", "test-p3.patch")  # its checks fail (the files are no Python)
+    out = capsys.readouterr().out
+    deps = [
+        ln.split("depends on: ")[1].split(" ")[0]
+        for ln in out.splitlines()
+        if "depends on:" in ln
+    ]
+    # P3 needs P2 (its context), P2 needs the seeds; P1 only shares a file with P2
+    assert "test-p2.patch" in deps and "test-p1.patch" not in deps

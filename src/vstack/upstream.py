@@ -91,6 +91,30 @@ def dependencies(
     return sorted(need)
 
 
+def prune_dependencies(project, base: str, patches, dep_idx, index, infos) -> list[int]:
+    """Drop candidates the chain does not need: file overlap is transitive and
+    conservative, so try the chain without each candidate (earliest first) and keep
+    the removal when the rest still applies and no kept patch imports a module the
+    removed one adds. Latest first, since later patches build on earlier ones."""
+    keep = list(dep_idx)
+    for j in reversed(dep_idx):
+        trial = [k for k in keep if k != j]
+        chain = trial + [index]
+        needed_by_import = any(
+            set(infos[j].added) & imported_paths(patches[k].read_text(errors="replace"))
+            for k in chain
+        )
+        if needed_by_import:
+            continue
+        with gitutil.temp_worktree(project.repo, base, project.cache) as tree:
+            results = apply_patches(
+                tree, [patches[k] for k in chain], log=lambda s: None
+            )
+        if all(r.ok for r in results) and len(results) == len(chain):
+            keep = trial
+    return keep
+
+
 def loc_outside_exempt(diff_text: str) -> int:
     n, exempt = 0, False
     for line in diff_text.splitlines():
@@ -170,6 +194,12 @@ def flatten_numbers(obj, prefix="") -> list[tuple[str, object]]:
     return out
 
 
+def _command(data: dict) -> str:
+    """The recorded command, with the machine-specific interpreter path shortened."""
+    cmd = data.get("command", "(command not recorded)")
+    return re.sub(r"^\S*/python[\d.]*(?=\s|$)", "python", cmd)
+
+
 def _machine(value) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}: {v}" for k, v in value.items() if v not in ("", None))
@@ -179,7 +209,7 @@ def _machine(value) -> str:
 def render_results(path: Path, data: dict) -> str:
     """One results file as Markdown: where it came from, then its numbers (the
     file's own "summary" when it has one, else every numeric leaf)."""
-    cmd = data.get("command", "(command not recorded)")
+    cmd = _command(data)
     machine = _machine(data.get("machine", "(machine not recorded)"))
     when = data.get("when") or data.get("timestamp") or ""
     lines = [
@@ -231,7 +261,7 @@ def render_body(
         parts.append("# (this change adds no tests)")
     for _, data in results:
         if data.get("command"):
-            parts.append(data["command"])
+            parts.append(_command(data))
     parts += ["```", ""]
     if testing:
         parts += ["From the commit message:", "", testing, ""]
@@ -477,6 +507,7 @@ def cmd_upstream(
     dep_idx = dependencies(
         infos, index, alone, imported_paths(patches[index].read_text(errors="replace"))
     )
+    dep_idx = prune_dependencies(project, base.commit, patches, dep_idx, index, infos)
     chosen = [patches[j] for j in dep_idx] + [patches[index]]
     print(f"vstack upstream: {patch_name} on {base.commit[:12]} ({base.source})")
     for j in dep_idx:
