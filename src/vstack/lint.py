@@ -41,6 +41,22 @@ class Finding:
         return f"{self.where}: {self.message}"
 
 
+def new_torch_cuda_call(file: str, line: str) -> bool:
+    """An added line of a vLLM source file that calls torch.cuda directly."""
+    return (
+        file.endswith(".py")
+        and TORCH_CUDA.search(line.split("#", 1)[0]) is not None
+        and not file.startswith(TORCH_CUDA_ALLOWED)
+    )
+
+
+def author_signed_off(text: str, signoffs: list[str]) -> tuple[bool, str | None]:
+    """(whether the patch's From: author is among its Signed-off-by lines, author)."""
+    m = re.search(r"^From: (.+)$", text, re.M)
+    author = m.group(1).strip() if m else None
+    return author is not None and author in [s.strip() for s in signoffs], author
+
+
 def _added_lines(text: str):
     """(patch line number, target file, new-file line number, text) of each added line."""
     file, new_no = None, 0
@@ -87,20 +103,17 @@ def lint_patch(name: str, text: str) -> list[Finding]:
                 f"Upstream-Status: {status[0]} needs an Upstream-PR: trailer",
             )
         )
-    author = re.search(r"^From: (.+)$", text, re.M)
     signoffs = info.trailers.get("Signed-off-by", [])
+    signed, author = author_signed_off(text, signoffs)
     if not signoffs:
         found.append(
             Finding(
                 f"{where}:1", "commit is not signed off (Signed-off-by: trailer, DCO)"
             )
         )
-    elif author and author.group(1).strip() not in [s.strip() for s in signoffs]:
+    elif not signed:
         found.append(
-            Finding(
-                f"{where}:1",
-                f"no Signed-off-by from the author {author.group(1).strip()}",
-            )
+            Finding(f"{where}:1", f"no Signed-off-by from the author {author}")
         )
     lines_by_file: dict[str, list[tuple[int, int, str]]] = {}
     for n, file, new_no, line in _added_lines(text):
@@ -109,11 +122,7 @@ def lint_patch(name: str, text: str) -> list[Finding]:
             found.append(
                 Finding(f"{where}:{n}", f"trailing whitespace in {file}:{new_no}")
             )
-        if (
-            file.endswith(".py")
-            and TORCH_CUDA.search(line.split("#", 1)[0])
-            and not file.startswith(TORCH_CUDA_ALLOWED)
-        ):
+        if new_torch_cuda_call(file, line):
             found.append(
                 Finding(
                     f"{where}:{n}",

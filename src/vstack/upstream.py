@@ -25,7 +25,7 @@ from vstack.apply import apply_patches
 from vstack.base import base_from_git, ensure_base, submodule_head
 from vstack.config import Project
 from vstack.errors import VstackError
-from vstack.lint import SPDX_LINES, TORCH_CUDA, TORCH_CUDA_ALLOWED, _added_lines
+from vstack.lint import SPDX_LINES, _added_lines, author_signed_off, new_torch_cuda_call
 from vstack.series import parse_patch, series_paths
 
 STACK_ONLY_TRAILERS = ("Upstream-Status", "Upstream-PR", "Stack-Results")
@@ -352,25 +352,20 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
     # DCO, SPDX, torch.cuda, config docs: from the patch texts
     for name, text in patch_texts:
         info = parse_patch(text)
-        author = re.search(r"^From: (.+)$", text, re.M)
-        signoffs = [s.strip() for s in info.trailers.get("Signed-off-by", [])]
-        if not author or author.group(1).strip() not in signoffs:
+        signed, author = author_signed_off(text, info.trailers.get("Signed-off-by", []))
+        if not signed:
             found.append(
                 Check(
                     "dco",
                     f"{name}:1",
-                    f"commit '{info.subject}' lacks Signed-off-by: {author.group(1).strip() if author else '?'}",
+                    f"commit '{info.subject}' lacks Signed-off-by: {author or '?'}",
                 )
             )
         added: dict[str, set[int]] = {}
         for _, file, new_no, line in _added_lines(text):
             added.setdefault(file, set()).add(new_no)
             added_lines.setdefault(file, set()).add(new_no)
-            if (
-                file.endswith(".py")
-                and TORCH_CUDA.search(line.split("#", 1)[0])
-                and not file.startswith(TORCH_CUDA_ALLOWED)
-            ):
+            if new_torch_cuda_call(file, line):
                 found.append(
                     Check(
                         "torch-cuda",
