@@ -170,7 +170,7 @@ def base_from_git(project: Project, checkout: Path, rev: str, version: str) -> B
     return Base(ref, sha, "git", version, "g" + sha[:9])
 
 
-def ensure_base(project: Project, pin: Pin | None = None, offline_ok=True) -> Base:
+def ensure_base(project: Project, pin: Pin | None = None) -> Base:
     """The pinned base: from the vllm/ checkout when populated, else from the wheel."""
     pin = pin or project.pin
     head = check_submodule(project, pin)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -124,10 +123,3 @@ def fetch_wheel(
         final = cache_dir / wheel.name
         shutil.move(str(wheel), final)
     return final
-
-
-def wheel_version(name: str) -> str:
-    m = re.match(r"vllm-([^-]+)-", name)
-    if not m:
-        raise VstackError(f"{name} is not a vllm wheel file name")
-    return m.group(1)

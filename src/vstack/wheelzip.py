@@ -69,11 +69,6 @@ def read_members(path: Path) -> tuple[list[Member], int]:
     return members, cd_off
 
 
-def _dos_time(date_time: tuple[int, ...]) -> tuple[int, int]:
-    y, mo, d, h, mi, s = date_time
-    return (h << 11) | (mi << 5) | (s // 2), ((y - 1980) << 9) | (mo << 5) | d
-
-
 def central_date_time(m: Member) -> tuple[int, int]:
     f = _CDH.unpack_from(m.central)
     return f[5], f[6]  # (time, date) in DOS form
