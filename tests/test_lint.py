@@ -61,3 +61,31 @@ def test_unsigned_commit(stack):
     msg = "[EPLB] Add a module\n\nThe module exists for a reason worth a sentence.\n\nUpstream-Status: pending"
     _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", msg)
     assert any("not signed off" in m for m in _messages(stack))
+
+
+def test_recorded_resolutions_follow_the_patch_rules(stack, capsys):
+    from vstack.lint import lint_resolutions
+    from vstack.rebase import superseded_record
+
+    good = _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", GOOD_MSG).read_text()
+    rec = stack.root / "resolutions" / "1.1.0"
+    rec.mkdir(parents=True)
+    (rec / "a.patch").write_text(good)
+    (rec / "b.patch").write_text(
+        superseded_record("[EPLB] B", "1.1.0", "upstream's fused kernel does this")
+    )
+    assert lint_resolutions(stack.root) == []
+    (rec / "c.patch").write_text(superseded_record("[EPLB] C", "1.1.0", ""))
+    (rec / "d.patch").write_text(good.replace("Signed-off-by: T <t@x>\n", ""))
+    (rec / "notes.txt").write_text("x")
+    found = [str(f) for f in lint_resolutions(stack.root)]
+    assert any(
+        f.startswith("resolutions/1.1.0/c.patch:1: a record with no diff")
+        for f in found
+    )
+    assert any(
+        f.startswith("resolutions/1.1.0/d.patch:1:") and "signed off" in f
+        for f in found
+    )
+    assert "resolutions/1.1.0/notes.txt:1: not a .patch file" in found
+    assert stack.run("lint") == 1

@@ -178,3 +178,107 @@ def test_pr_number_and_conflict_ranges_helpers():
     assert pr_in_subjects("432", subjects) is None
     text = "a\nb\n<<<<<<< HEAD\nx\ny\n=======\nz\n>>>>>>> p\nc\n<<<<<<< HEAD\nq\n=======\nr\n>>>>>>> p\n"
     assert ours_ranges(text) == [(3, 4), (6, 6)]
+
+
+def _statuses(stack):
+    report = json.loads((stack.root / ".vstack/reports/rebase.json").read_text())
+    return [r["status"] for r in report["patches"]], report
+
+
+def _back_to_old_pin(stack):
+    """Undo a completed rebase in the project (git) and the stack repo."""
+    git(stack.root, "checkout", "-q", "HEAD", "--", "patches", "stack.toml")
+    assert stack.run("apply", "--force") == 0
+
+
+def test_skip_drops_a_superseded_patch_and_the_record_replays(
+    stack, two_wheels, capsys
+):
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    capsys.readouterr()
+    assert stack.run("rebase", "--skip") == 1
+    assert "--skip needs --reason" in capsys.readouterr().err
+    reason = "upstream's line 20 does what ours did"
+    assert stack.run("rebase", "--skip", "--reason", reason) == 0
+    out = capsys.readouterr().out
+    assert "superseded       eplb-edit-c.patch" in out
+    assert "recorded the resolution in resolutions/1.1.0/eplb-edit-c.patch" in out
+    statuses, report = _statuses(stack)
+    assert statuses == ["clean", "3way", "superseded", "dropped-upstream", "offset"]
+    assert f"skipped: {reason}" in report["patches"][2]["details"]
+    record = stack.root / "resolutions/1.1.0/eplb-edit-c.patch"
+    assert f"Superseded by vLLM 1.1.0: {reason}" in record.read_text()
+    assert "eplb-edit-c.patch" not in (stack.root / "patches/series").read_text()
+    assert (stack.repo / "vllm/c.py").read_text() == _lines({20: "line 20 upstream"})
+
+    # the next rebase onto the same base (CI, a colleague) does not stop
+    _back_to_old_pin(stack)
+    git(stack.root, "add", "resolutions")
+    git(stack.root, "commit", "-q", "-m", "record")
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 0
+    statuses, report = _statuses(stack)
+    assert statuses == ["clean", "3way", "superseded", "dropped-upstream", "offset"]
+    assert report["patches"][2]["details"][0].startswith(
+        "recorded in resolutions/1.1.0/eplb-edit-c.patch: Superseded by vLLM 1.1.0"
+    )
+
+
+def test_continue_records_the_port_and_the_next_rebase_applies_it(
+    stack, two_wheels, capsys
+):
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    (stack.repo / "vllm/c.py").write_text(_lines({20: "line 20 upstream, ported"}))
+    assert stack.run("rebase", "--continue") == 0
+    record = stack.root / "resolutions/1.1.0/eplb-edit-c.patch"
+    assert "+line 20 upstream, ported" in record.read_text()
+    _back_to_old_pin(stack)
+    capsys.readouterr()
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 0
+    assert "ported           eplb-edit-c.patch" in capsys.readouterr().out
+    statuses, report = _statuses(stack)
+    assert statuses == ["clean", "3way", "ported", "dropped-upstream", "offset"]
+    assert (
+        "recorded port resolutions/1.1.0/eplb-edit-c.patch"
+        in (report["patches"][2]["details"][0])
+    )
+    assert "line 20 upstream, ported" in (stack.repo / "vllm/c.py").read_text()
+    # a record is never overwritten by a later, different resolution
+    _back_to_old_pin(stack)
+    record.write_text(record.read_text().replace("ported", "p0rted"))
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 0
+    assert "p0rted" in record.read_text()
+
+
+def test_added_surface_and_what_upstream_already_has(tmp_path):
+    diff = (
+        "diff --git a/vllm/config/parallel.py b/vllm/config/parallel.py\n"
+        "--- a/vllm/config/parallel.py\n+++ b/vllm/config/parallel.py\n"
+        '@@ -1,2 +1,2 @@\n-Comm = Literal["gloo", "nccl"]\n'
+        '+Comm = Literal["gloo", "nccl", "symm_mem"]\n'
+        "+    double_buffer: bool = False\n"
+        "diff --git a/vllm/eplb/comm.py b/vllm/eplb/comm.py\n"
+        "--- /dev/null\n+++ b/vllm/eplb/comm.py\n@@ -0,0 +1,3 @@\n"
+        "+class SymmComm:\n+def plan_rows(x):\n+def _private(x):\n"
+        "diff --git a/tests/test_x.py b/tests/test_x.py\n"
+        "--- /dev/null\n+++ b/tests/test_x.py\n@@ -0,0 +1 @@\n+def test_x():\n"
+    )
+    from vstack.rebase import added_surface, upstream_provides
+
+    assert added_surface(diff) == [
+        ("value", "symm_mem", "vllm/config/parallel.py"),
+        ("class", "SymmComm", "vllm/eplb/comm.py"),
+        ("def", "plan_rows", "vllm/eplb/comm.py"),
+    ]
+    repo = tmp_path / "r"
+    (repo / "vllm/config").mkdir(parents=True)
+    (repo / "vllm/config/parallel.py").write_text(
+        'Comm = Literal["gloo", "nccl", "symm_mem"]\n'
+    )
+    (repo / "vllm/comm_other.py").write_text("class SymmComm:\n    pass\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "-m", "b")
+    assert upstream_provides(repo, "HEAD", diff) == [
+        'upstream now has: value "symm_mem" (vllm/config/parallel.py)',
+        "upstream now has: class SymmComm (vllm/comm_other.py)",
+    ]

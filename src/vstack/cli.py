@@ -91,6 +91,8 @@ def run_rebase(args):
         return rebase.cmd_abort(project)
     if args.cont:
         return rebase.cmd_continue(project)
+    if args.skip:
+        return rebase.cmd_skip(project, args.reason)
     if not args.onto:
         raise VstackError("give --onto <target>, --continue or --abort")
     return rebase.cmd_rebase(project, args.onto, args.git, args.wheel)
@@ -202,7 +204,9 @@ def parser() -> argparse.ArgumentParser:
         "submodule by default). Each patch is first checked against upstream (it "
         "reverse-applies on the new base, or its Upstream-PR number is in an upstream "
         "commit subject): such patches are dropped-upstream. The rest are applied with "
-        "git am -3 and classified clean / offset / 3way / conflict. On success patches/ "
+        "git am -3 and classified clean / offset / 3way / conflict; a patch with a "
+        "recorded resolution for the target (resolutions/<version>/<patch>) is ported "
+        "from it, or superseded when the record has no diff. On success patches/ "
         "is re-exported and stack.toml re-pinned; on conflict, resolve in .vstack/repo "
         "and --continue, or --abort to restore everything. Report: "
         ".vstack/reports/rebase.{md,json}.",
@@ -228,6 +232,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="give up and restore the state before the rebase",
     )
+    s.add_argument(
+        "--skip",
+        action="store_true",
+        help="drop the conflicting patch: the new base supersedes it (needs --reason; "
+        "recorded under resolutions/<version>/ when the rebase completes)",
+    )
+    s.add_argument("--reason", help="with --skip: what in the new base supersedes it")
     s.set_defaults(func=run_rebase)
 
     s = sub.add_parser(

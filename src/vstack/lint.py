@@ -73,9 +73,9 @@ def _added_lines(text: str):
             new_no += 1
 
 
-def lint_patch(name: str, text: str) -> list[Finding]:
+def lint_patch(name: str, text: str, folder: str = "patches") -> list[Finding]:
     info = parse_patch(text)
-    where = f"patches/{name}"
+    where = f"{folder}/{name}"
     found = []
     if not info.body or len(info.body.split()) < 5:
         found.append(
@@ -165,8 +165,34 @@ def lint_series(patches_dir: Path) -> list[Finding]:
     return found
 
 
+def lint_resolutions(root: Path) -> list[Finding]:
+    """Recorded resolutions follow the patch rules; one with no diff says why."""
+    found = []
+    for p in sorted((root / "resolutions").glob("*/*")):
+        folder = p.parent.relative_to(root).as_posix()
+        where = f"{folder}/{p.name}"
+        if not p.name.endswith(".patch"):
+            found.append(Finding(f"{where}:1", "not a .patch file"))
+            continue
+        text = p.read_text(errors="replace")
+        try:
+            info = parse_patch(text)
+        except Exception as e:  # noqa: BLE001 - any parse failure is the finding
+            found.append(Finding(f"{where}:1", f"not a patch: {e}"))
+            continue
+        if info.files:
+            found.extend(lint_patch(p.name, text, folder))
+        elif len(info.body.split()) < 5:
+            found.append(
+                Finding(
+                    f"{where}:1", "a record with no diff must say what supersedes it"
+                )
+            )
+    return found
+
+
 def cmd_lint(project: Project) -> int:
-    found = lint_series(project.patches_dir)
+    found = lint_series(project.patches_dir) + lint_resolutions(project.root)
     for f in found:
         print(f)
     n = len(read_series(project.patches_dir))

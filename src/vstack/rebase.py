@@ -35,11 +35,19 @@ from vstack.base import (
 )
 from vstack.config import STACK_TOML, Pin, Project, render_stack_toml
 from vstack.errors import VstackError
-from vstack.export import render, write_patches
+from vstack.export import FORMAT_PATCH, render, write_patches
 from vstack.fetch import VerifiedCache, fetch_wheel, sha256_file
 from vstack.series import parse_patch, series_paths
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
+
+# Statuses of patches that leave the series.
+DROPPED = ("dropped-upstream", "superseded")
+
+# Recorded resolutions (git rerere, one level up): resolutions/<new base version>/<patch
+# file name> holds the patch as it was ported onto that base, or, with no diff, why the
+# base supersedes it. A rebase onto that base uses the record instead of re-asking.
+RESOLUTIONS = "resolutions"
 
 
 # ---------------------------------------------------------------- planning (pure)
@@ -91,6 +99,36 @@ def ours_ranges(text: str) -> list[tuple[int, int]]:
     return ranges
 
 
+def added_surface(diff_text: str) -> list[tuple[str, str, str]]:
+    """What a patch adds that users or other modules can name: (kind, name, file) for
+    module-level classes and public functions, and string values new to vllm/config/
+    (the choices of a Literal, e.g. a communicator name)."""
+    found: list[tuple[str, str, str]] = []
+    file, added, removed = None, set(), set()
+
+    def flush():
+        if file and file.startswith("vllm/config/"):
+            for v in sorted(added - removed):
+                found.append(("value", v, file))
+
+    for line in diff_text.splitlines():
+        if line.startswith("diff --git "):
+            flush()
+            file, added, removed = line.split(" b/", 1)[-1], set(), set()
+            continue
+        if file is None or file.startswith("tests/") or line.startswith(("+++", "---")):
+            continue
+        if line.startswith("+"):
+            m = re.match(r"^\+(class|def) ([A-Za-z]\w*)", line)
+            if m:
+                found.append((m.group(1), m.group(2), file))
+            added.update(re.findall(r'"([a-z][a-z0-9_]*)"', line))
+        elif line.startswith("-"):
+            removed.update(re.findall(r'"([a-z][a-z0-9_]*)"', line))
+    flush()
+    return found
+
+
 def render_report(report: dict) -> str:
     o, n = report["old"], report["new"]
     lines = [
@@ -117,6 +155,34 @@ def render_report(report: dict) -> str:
     if t:
         lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())]
     return "\n".join(lines) + "\n"
+
+
+def upstream_provides(repo: Path, rev: str, diff_text: str) -> list[str]:
+    """The parts of a patch's added surface that the new base already has."""
+    hits = []
+    for kind, name, file in added_surface(diff_text):
+        if kind == "value":
+            p = gitutil.git(
+                repo, "grep", "-q", "-F", f'"{name}"', rev, "--", file, check=False
+            )
+            if p.returncode == 0:
+                hits.append(f'upstream now has: value "{name}" ({file})')
+            continue
+        p = gitutil.git(
+            repo,
+            "grep",
+            "-l",
+            "-E",
+            rf"^{kind} {name}\b",
+            rev,
+            "--",
+            "vllm",
+            check=False,
+        )
+        where = [ln.split(":", 1)[1] for ln in p.stdout.splitlines()]
+        if where:
+            hits.append(f"upstream now has: {kind} {name} ({', '.join(where)})")
+    return hits
 
 
 def short_table(report: dict) -> str:
@@ -253,21 +319,48 @@ def _blame_conflicts(
     return list(found.values())
 
 
+def resolution_for(project: Project, version: str, name: str) -> Path | None:
+    path = project.root / RESOLUTIONS / version / name
+    return path if path.is_file() else None
+
+
+def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchResult:
+    """Apply a recorded port of `patch` (or drop it when the record has no diff)."""
+    rec = parse_patch(record.read_text(errors="replace"))
+    where = record.relative_to(root).as_posix()
+    if not rec.files:
+        reason = rec.body.strip().split("\n\n")[0].replace("\n", " ") or "(no reason)"
+        return PatchResult(
+            patch.name, "superseded", [], [f"recorded in {where}: {reason}"]
+        )
+    r = apply_one(repo, record)
+    r.patch = patch.name
+    if r.status == "conflict":
+        r.details.insert(0, f"the recorded port {where} does not apply either")
+    else:
+        r.details = [f"recorded port {where} ({r.status})"]
+        r.status = "ported"
+    return r
+
+
 def _run_patches(project: Project, state: State) -> int:
     repo = project.repo
     d = state.data
     patches = [project.patches_dir / n for n in d["patches"]]
     subjects = d.get("upstream_subjects")
+    version = d["new_pin"]["version"]
     t = time.perf_counter()
     while d["next"] < len(patches):
         patch = patches[d["next"]]
-        info = parse_patch(patch.read_text(errors="replace"))
+        text = patch.read_text(errors="replace")
+        info = parse_patch(text)
         rev = gitutil.git(
             repo, "apply", "--check", "--reverse", str(patch), check=False
         )
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
+        record = resolution_for(project, version, patch.name)
         if rev.returncode == 0 or pr_hit:
             why = (
                 [f"upstream commit: {pr_hit}"]
@@ -275,9 +368,13 @@ def _run_patches(project: Project, state: State) -> int:
                 else ["the new base already contains it (reverse-applies cleanly)"]
             )
             r = PatchResult(patch.name, "dropped-upstream", info.files, why)
+        elif record is not None:
+            r = _use_resolution(repo, patch, record, project.root)
         else:
             r = apply_one(repo, patch)
         res = dataclasses.asdict(r)
+        if r.status not in ("clean", "dropped-upstream"):
+            res["details"] += upstream_provides(repo, d["new_base"], text)
         if r.status == "conflict":
             res["upstream_commits"] = _blame_conflicts(
                 repo, d["old_base"], r.files, subjects is not None
@@ -289,6 +386,7 @@ def _run_patches(project: Project, state: State) -> int:
             state.save()
             _print_conflict(project, res)
             return 1
+        res["commit"] = gitutil.rev_parse(repo, "HEAD")
         d["results"].append(res)
         d["next"] += 1
         print(f"  [{d['next']}/{len(patches)}] {r.status:<16} {patch.name}")
@@ -307,6 +405,7 @@ def _print_conflict(project: Project, res: dict) -> None:
     print(
         f"vstack: resolve the conflict markers in {repo} "
         f"({', '.join(res['files'])}), then `vstack rebase --continue`; "
+        f"`vstack rebase --skip --reason TEXT` when the new base supersedes the patch; "
         f"or `vstack rebase --abort` to put everything back. "
         f"patches/ and {STACK_TOML} are unchanged until the rebase completes.",
         file=sys.stderr,
@@ -323,6 +422,7 @@ def _finish(project: Project, state: State) -> int:
     toml = project.root / STACK_TOML
     toml.write_text(render_stack_toml(toml.read_text(), new_pin))
     mark_synced(repo)
+    recorded = record_resolutions(project, d)
     d["timings"]["export"] = time.perf_counter() - t
     report = {
         "old": {**d["old_pin"], "git": d["old_base"]},
@@ -334,17 +434,58 @@ def _finish(project: Project, state: State) -> int:
     md, js = write_report(project, report)
     state.clear()
     print(short_table(report))
-    kept = sum(r["status"] != "dropped-upstream" for r in d["results"])
+    kept = sum(r["status"] not in DROPPED for r in d["results"])
     print(
         f"vstack: rebased onto vLLM {new_pin.version}: {kept} patch(es) kept, "
-        f"{len(d['results']) - kept} dropped upstream; {STACK_TOML} and patches/ updated"
+        f"{len(d['results']) - kept} dropped (upstream has them); "
+        f"{STACK_TOML} and patches/ updated"
     )
+    for path in recorded:
+        print(f"vstack: recorded the resolution in {path.relative_to(project.root)}")
     print(
         "vstack: timings: "
         + ", ".join(f"{k} {v:.2f}s" for k, v in d["timings"].items())
     )
     print(f"vstack: report: {md} and {js}")
     return 0
+
+
+def superseded_record(subject: str, version: str, reason: str) -> str:
+    """A resolution with no diff: the patch is dropped on `version`, for `reason`."""
+    return (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        f"Subject: {subject}\n\n"
+        f"Superseded by vLLM {version}: {reason.strip()}\n"
+    )
+
+
+def record_resolutions(project: Project, d: dict) -> list[Path]:
+    """Write what this rebase resolved by hand under resolutions/<version>/, so the
+    next rebase onto the same base (CI, a colleague) replays it. Never overwrites."""
+    out = project.root / RESOLUTIONS / d["new_pin"]["version"]
+    written = []
+    for res in d["results"]:
+        if res["status"] == "conflict-resolved":
+            text = gitutil.git(project.repo, *FORMAT_PATCH, "-1", res["commit"]).stdout
+        elif res["status"] == "superseded" and res.get("reason"):
+            text = superseded_record(
+                res["subject"], d["new_pin"]["version"], res["reason"]
+            )
+        else:
+            continue
+        path = out / res["patch"]
+        if path.exists():
+            if path.read_text() != text:
+                print(
+                    f"vstack: note: {path.relative_to(project.root)} exists and differs "
+                    f"from this rebase's resolution; left as it is",
+                    file=sys.stderr,
+                )
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
 
 
 def write_report(project: Project, report: dict) -> tuple[Path, Path]:
@@ -459,9 +600,42 @@ def cmd_continue(project: Project) -> int:
                 f"git am --continue failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}"
             )
     last["status"] = "conflict-resolved"
+    last["commit"] = gitutil.rev_parse(repo, "HEAD")
     d["next"] += 1
     state.save()
     print(f"  [{d['next']}/{len(d['patches'])}] conflict-resolved {last['patch']}")
+    return _run_patches(project, state)
+
+
+def cmd_skip(project: Project, reason: str | None) -> int:
+    """Drop the patch that stopped the rebase: the new base supersedes it."""
+    state = _require_state(project)
+    repo = project.repo
+    d = state.data
+    last = d["results"][-1] if d["results"] else None
+    if not last or last["status"] != "conflict" or len(d["results"]) != d["next"] + 1:
+        raise VstackError("--skip: no patch is stopped on a conflict")
+    if not reason:
+        raise VstackError(
+            "--skip needs --reason TEXT: what in the new base supersedes the patch "
+            "(it goes into the report and resolutions/)"
+        )
+    if gitutil.op_in_progress(repo):
+        gitutil.git(repo, "am", "--abort", check=False)
+    gitutil.git(repo, "reset", "-q", "--hard", "HEAD", check=False)
+    gitutil.git(repo, "clean", "-q", "-fd", check=False)
+    info = parse_patch(
+        (project.patches_dir / last["patch"]).read_text(errors="replace")
+    )
+    last.update(
+        status="superseded", reason=reason, subject=info.subject,
+        details=[f"skipped: {reason}"] + [
+            x for x in last["details"] if x.startswith("upstream now has")
+        ],
+    )  # fmt: skip
+    d["next"] += 1
+    state.save()
+    print(f"  [{d['next']}/{len(d['patches'])}] superseded       {last['patch']}")
     return _run_patches(project, state)
 
 
