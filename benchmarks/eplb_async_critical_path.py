@@ -192,25 +192,31 @@ def _rank_main(rank, args, port, out_path):
     torch.distributed.barrier()
     for _ in range(ORDINARY_STEPS):
         timed_step("ordinary")
-    torch.distributed.barrier()
-    ms.expert_load_window.copy_(
-        skewed_load(NUM_LAYERS, NUM_PHYSICAL, 7, state.expert_load_window_size)
-    )
-    state.expert_rearrangement_step = state.expert_rearrangement_step_interval - 1
-    timed_step("trigger")
-    for _ in range(2000):
-        timed_step("migration")
-        if not ms.rebalanced:
-            break
-    else:
-        raise RuntimeError("migration did not finish")
-    for _ in range(ORDINARY_STEPS):
-        timed_step("ordinary")
+    for migration in range(args.migrations):
+        # Line the ranks up so that skew does not land in the trigger step's
+        # all_reduce (ordinary steps have no collective to absorb it).
+        torch.distributed.barrier()
+        ms.expert_load_window.copy_(
+            skewed_load(
+                NUM_LAYERS, NUM_PHYSICAL, 7 + migration, state.expert_load_window_size
+            )
+        )
+        state.expert_rearrangement_step = state.expert_rearrangement_step_interval - 1
+        timed_step("trigger")
+        for _ in range(2000):
+            timed_step("migration")
+            if not ms.rebalanced:
+                break
+        else:
+            raise RuntimeError("migration did not finish")
+        for _ in range(ORDINARY_STEPS):
+            timed_step("ordinary")
     counter.uninstall()
     check_weights_match_maps(model, ms, rank)
     final_map = ms.physical_to_logical_map.clone()
-    if rank == 0:
-        torch.save({"records": records, "final_map": final_map}, out_path)
+    # Every rank's steps are samples: each rank's main thread is on the
+    # critical path of the step (the slowest one sets the pace).
+    torch.save({"records": records, "final_map": final_map}, f"{out_path}.{rank}")
     torch.distributed.barrier()
 
 
@@ -256,9 +262,12 @@ def _analyse(records):
         "migration_wall": _summary([r["wall_s"] for r in migration]),
         "migration_cpu": _summary([r["cpu_s"] for r in migration]),
         "apply_step_wall": _summary([r["wall_s"] for r in apply_steps]),
-        "trigger_wall_ms": trigger[0]["wall_s"] * 1e3 if trigger else None,
-        "migration_steps_in_flight": len(migration),
-        "migration_steps_applying": len(apply_steps),
+        "trigger_wall_ms": max(r["wall_s"] for r in trigger) * 1e3 if trigger else None,
+        # Per migration on one rank (the ranks step together); one trigger
+        # step per migration and rank.
+        "migrations_x_ranks": len(trigger),
+        "migration_steps_in_flight": len(migration) / max(1, len(trigger)),
+        "migration_steps_applying": len(apply_steps) / max(1, len(trigger)),
         "max_layers_per_step": max(
             (r["layers_applied"] for r in apply_steps), default=0
         ),
@@ -281,6 +290,12 @@ def main():
         help="simulated forward time per decode step; one run per value",
     )
     parser.add_argument("--staged-layers", type=int, default=4)
+    parser.add_argument(
+        "--migrations",
+        type=int,
+        default=3,
+        help="full migrations per run (different load windows); more samples",
+    )
     parser.add_argument(
         "--json",
         default=os.path.join(
@@ -364,8 +379,8 @@ def _headline(runs):
             f"{b['blocking_migration']['max_per_step']} / "
             f"{p['blocking_migration']['max_per_step']}"
         )
-        out[f"{tag}: steps applying layers (43 layers)"] = (
-            f"{b['migration_steps_applying']} / {p['migration_steps_applying']}"
+        out[f"{tag}: steps applying layers per migration (43 layers)"] = (
+            f"{b['migration_steps_applying']:.1f} / {p['migration_steps_applying']:.1f}"
         )
         out[f"{tag}: final maps identical"] = run["final_maps_identical"]
     return out
@@ -392,15 +407,21 @@ def _compare(args, step_ms, torch):
             str(step_ms),
             "--staged-layers",
             str(args.staged_layers),
+            "--migrations",
+            str(args.migrations),
         ]
         env = dict(os.environ, PYTHONPATH=tree, VLLM_TARGET_DEVICE="cpu")
         print(f"running {variant} ({tree}) ...", flush=True)
         start = time.monotonic()
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-        data = torch.load(out, weights_only=False)
-        os.remove(out)
-        results[variant] = _analyse(data["records"])
-        results[variant]["final_map"] = data["final_map"]
+        records, final_map = [], None
+        for rank in range(args.ranks):
+            data = torch.load(f"{out}.{rank}", weights_only=False)
+            os.remove(f"{out}.{rank}")
+            records += data["records"]
+            final_map = data["final_map"] if final_map is None else final_map
+        results[variant] = _analyse(records)
+        results[variant]["final_map"] = final_map
         results[variant]["run_s"] = time.monotonic() - start
 
     same_map = bool(

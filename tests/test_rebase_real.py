@@ -146,3 +146,94 @@ def test_rebase_real_releases_each_status(real_stack, capsys):
     ]
     assert series == ["test-clean.patch", "test-three-way.patch", "test-conflict.patch"]
     assert s.run("export", "--check") == 0
+
+
+def _copy_real_stack(tmp_path, with_resolutions: bool) -> Stack:
+    real = load_project(ROOT)
+    if not (real.wheel_cache / real.pin.wheel).is_file() and os.environ.get(
+        "VSTACK_OFFLINE"
+    ):
+        pytest.skip("VSTACK_OFFLINE and the pinned wheel is not cached")
+    root = tmp_path / "real"
+    root.mkdir()
+    shutil.copy(ROOT / "stack.toml", root / "stack.toml")
+    shutil.copytree(ROOT / "patches", root / "patches")
+    if with_resolutions:
+        shutil.copytree(ROOT / "resolutions", root / "resolutions")
+    (root / ".gitignore").write_text("/.vstack/\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "stack")
+    return Stack(root, real.wheel_cache, real.wheel_cache / real.pin.wheel)
+
+
+def _series(root: Path) -> list[str]:
+    text = (root / "patches/series").read_text()
+    return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
+def test_real_stack_stops_where_upstream_reimplemented_it(
+    tmp_path, monkeypatch, capsys
+):
+    """Without the recorded resolutions the real series stops at its first patch,
+    naming the files and hunks, and --abort leaves the project as it was."""
+    s = _copy_real_stack(tmp_path, with_resolutions=False)
+    monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(s.cache))
+    before = s.snapshot()
+    first = _series(s.root)[0]
+    capsys.readouterr()
+    assert s.run("rebase", "--onto", NEW) == 1
+    err = capsys.readouterr().err
+    assert f"conflict in {first}" in err
+    assert "vllm/model_executor/layers/fused_moe/deep_gemm_mega_moe.py: hunk" in err
+    assert "--skip --reason" in err
+    assert s.run("rebase", "--abort") == 0
+    assert s.snapshot() == before
+    assert git(s.root, "status", "--porcelain") == ""
+
+
+def test_real_stack_rebases_onto_0_34_0_with_its_recorded_resolutions(
+    tmp_path, monkeypatch, capsys
+):
+    """0.34.0 reimplemented parts of the series: the fused MegaMoE mapping is
+    superseded, the other patches keep only their delta (recorded ports)."""
+    s = _copy_real_stack(tmp_path, with_resolutions=True)
+    monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(s.cache))
+    old_series = _series(s.root)
+    capsys.readouterr()
+    assert s.run("rebase", "--onto", NEW) == 0
+    out = capsys.readouterr().out
+    report = json.loads((s.root / ".vstack/reports/rebase.json").read_text())
+    rows = {r["patch"]: r for r in report["patches"]}
+    assert [r["patch"] for r in report["patches"]] == old_series
+    fused = rows[old_series[0]]
+    assert fused["status"] == "superseded", fused
+    assert fused["details"][0].startswith(
+        f"recorded in resolutions/{NEW}/{old_series[0]}: Superseded by vLLM {NEW}"
+    )
+    for name in old_series[1:]:
+        assert rows[name]["status"] == "ported", rows[name]
+        assert rows[name]["details"][0].startswith(
+            f"recorded port resolutions/{NEW}/{name}"
+        )
+    symm = rows["eplb-add-symm-mem-expert-weight-communicator.patch"]
+    assert (
+        'upstream now has: value "symm_mem" (vllm/config/parallel.py)'
+        in (symm["details"])
+    )
+    assert any(
+        d.startswith("upstream now has: class SymmMemEplbCommunicator")
+        and "eplb_communicator.py" in d
+        for d in symm["details"]
+    )
+    assert "3 patch(es) kept, 1 dropped" in out
+    assert _series(s.root) == old_series[1:]
+    toml = (s.root / "stack.toml").read_text()
+    assert f'version = "{NEW}"' in toml
+    assert s.run("export", "--check") == 0
+    assert s.run("lint") == 0
+    # Each kept patch is its recorded port, byte for byte after re-export.
+    for name in old_series[1:]:
+        ported = (s.root / "patches" / name).read_text()
+        recorded = (ROOT / "resolutions" / NEW / name).read_text()
+        assert ported == recorded, name
