@@ -195,45 +195,54 @@ def test_real_stack_stops_where_upstream_reimplemented_it(
 def test_real_stack_rebases_onto_0_34_0_with_its_recorded_resolutions(
     tmp_path, monkeypatch, capsys
 ):
-    """0.34.0 reimplemented parts of the series: the fused MegaMoE mapping is
-    superseded, the other patches keep only their delta (recorded ports)."""
+    """0.34.0 reimplemented parts of the series. The records replay: the fused
+    MegaMoE mapping is superseded, replica selection is its recorded port; the
+    async patch (no record yet) stops the rebase with what upstream now has, and
+    skipping the unported rest finishes with only the kept delta."""
     s = _copy_real_stack(tmp_path, with_resolutions=True)
     monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(s.cache))
     old_series = _series(s.root)
+    fused, replica, async_, symm = old_series
+    records = {p.name for p in (ROOT / "resolutions" / NEW).iterdir()}
+    assert records == {fused, replica}
     capsys.readouterr()
-    assert s.run("rebase", "--onto", NEW) == 0
+    assert s.run("rebase", "--onto", NEW) == 1
+    out, err = capsys.readouterr()
+    assert f"[1/4] superseded       {fused}" in out
+    assert f"[2/4] ported           {replica}" in out
+    assert f"conflict in {async_}" in err
+    assert "vllm/distributed/eplb/async_worker.py: hunk" in err
+    assert s.run("rebase", "--skip", "--reason", "not ported in this test") == 1
+    # The communicator patch conflicts where 0.34.0 has its own symm_mem one.
+    err = capsys.readouterr().err
+    assert f"conflict in {symm}" in err
+    assert s.run("rebase", "--skip", "--reason", "not ported in this test") == 0
     out = capsys.readouterr().out
     report = json.loads((s.root / ".vstack/reports/rebase.json").read_text())
     rows = {r["patch"]: r for r in report["patches"]}
     assert [r["patch"] for r in report["patches"]] == old_series
-    fused = rows[old_series[0]]
-    assert fused["status"] == "superseded", fused
-    assert fused["details"][0].startswith(
-        f"recorded in resolutions/{NEW}/{old_series[0]}: Superseded by vLLM {NEW}"
+    assert rows[fused]["status"] == "superseded", rows[fused]
+    assert rows[fused]["details"][0].startswith(
+        f"recorded in resolutions/{NEW}/{fused}: Superseded by vLLM {NEW}"
     )
-    for name in old_series[1:]:
-        assert rows[name]["status"] == "ported", rows[name]
-        assert rows[name]["details"][0].startswith(
-            f"recorded port resolutions/{NEW}/{name}"
-        )
-    symm = rows["eplb-add-symm-mem-expert-weight-communicator.patch"]
+    assert rows[replica]["status"] == "ported", rows[replica]
+    assert rows[replica]["details"][0].startswith(
+        f"recorded port resolutions/{NEW}/{replica}"
+    )
     assert (
         'upstream now has: value "symm_mem" (vllm/config/parallel.py)'
-        in (symm["details"])
+        in rows[symm]["details"]
     )
     assert any(
         d.startswith("upstream now has: class SymmMemEplbCommunicator")
         and "eplb_communicator.py" in d
-        for d in symm["details"]
+        for d in rows[symm]["details"]
     )
-    assert "3 patch(es) kept, 1 dropped" in out
-    assert _series(s.root) == old_series[1:]
-    toml = (s.root / "stack.toml").read_text()
-    assert f'version = "{NEW}"' in toml
+    assert "1 patch(es) kept, 3 dropped" in out
+    assert _series(s.root) == [replica]
+    assert f'version = "{NEW}"' in (s.root / "stack.toml").read_text()
     assert s.run("export", "--check") == 0
     assert s.run("lint") == 0
-    # Each kept patch is its recorded port, byte for byte after re-export.
-    for name in old_series[1:]:
-        ported = (s.root / "patches" / name).read_text()
-        recorded = (ROOT / "resolutions" / NEW / name).read_text()
-        assert ported == recorded, name
+    # The kept patch is its recorded port, byte for byte after re-export.
+    ported = (s.root / "patches" / replica).read_text()
+    assert ported == (ROOT / "resolutions" / NEW / replica).read_text()
