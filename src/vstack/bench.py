@@ -86,8 +86,9 @@ def bench_build(project: Project, repeat: int = 3) -> int:
 
 
 def bench_rebase(project: Project, onto: str) -> int:
-    """Rebase a throwaway copy of this stack (stack.toml + patches/) onto `onto`,
-    end to end in a fresh .vstack (wheels from the warm cache), and print the split."""
+    """Rebase a throwaway copy of this stack (stack.toml, patches/, resolutions/)
+    onto `onto`, end to end in a fresh .vstack (wheels from the warm cache), and
+    print the split. A stop on a conflict ends the run (timed up to there)."""
     import subprocess
 
     from vstack.config import load_project
@@ -97,6 +98,8 @@ def bench_rebase(project: Project, onto: str) -> int:
         root = Path(tmp)
         shutil.copy(project.root / "stack.toml", root / "stack.toml")
         shutil.copytree(project.patches_dir, root / "patches")
+        if (project.root / "resolutions").is_dir():
+            shutil.copytree(project.root / "resolutions", root / "resolutions")
         (root / ".gitignore").write_text("/.vstack/\n")
         for args in (
             ["init", "-q"],
@@ -113,15 +116,21 @@ def bench_rebase(project: Project, onto: str) -> int:
         report_path = copy.cache / "reports" / "rebase.json"
         state_path = copy.cache / "rebase" / "state.json"
         if rc != 0:
-            timings = json.loads(state_path.read_text())["timings"]
+            data = json.loads(state_path.read_text())
             cmd_abort(copy)
         else:
-            timings = json.loads(report_path.read_text())["timings"]
+            data = json.loads(report_path.read_text())
+        timings = data["timings"]
+        rows = data.get("results") or data.get("patches") or []
+        statuses = {r["patch"]: r["status"] for r in rows}
     print(f"\n{'step':<20}{'seconds':>10}")
     for k in ("download", "base_extraction", "apply", "export"):
         print(f"{k:<20}{timings.get(k, 0.0):>10.2f}")
     print(f"{'total (end to end)':<20}{total:>10.2f}   target <= 60 s")
+    for name, status in statuses.items():
+        print(f"  {status:<18}{name}")
     res = {"onto": onto, "rc": rc, "timings": timings, "total_s": round(total, 2),
+           "patches": statuses,
            "machine": f"{platform.machine()} {os.cpu_count()} cores, CPU only",
            "command": f"scripts/vstack bench rebase --onto {onto}",
            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
