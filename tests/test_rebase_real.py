@@ -212,6 +212,10 @@ def test_real_stack_rebases_onto_0_34_0_with_its_recorded_resolutions(
     assert f"[2/4] ported           {replica}" in out
     assert f"conflict in {async_}" in err
     assert "vllm/distributed/eplb/async_worker.py: hunk" in err
+    # A fresh project never applied the series, yet the 3-way merge had the
+    # patches' preimages: the stop leaves conflict markers to resolve.
+    worker = (s.repo / "vllm/distributed/eplb/async_worker.py").read_text()
+    assert "<<<<<<< " in worker and ">>>>>>> " in worker
     assert s.run("rebase", "--skip", "--reason", "not ported in this test") == 1
     # The communicator patch conflicts where 0.34.0 has its own symm_mem one.
     err = capsys.readouterr().err

@@ -35,7 +35,7 @@ from vstack.base import (
 )
 from vstack.config import STACK_TOML, Pin, Project, render_stack_toml
 from vstack.errors import VstackError
-from vstack.export import FORMAT_PATCH, render, write_patches
+from vstack.export import FORMAT_PATCH, applied_tip, render, write_patches
 from vstack.fetch import VerifiedCache, fetch_wheel, sha256_file
 from vstack.series import parse_patch, series_paths
 
@@ -532,6 +532,10 @@ def cmd_rebase(
             f"branch '{WORK_BRANCH}' has commits that patches/ does not have: "
             f"run `vstack export` (or `vstack apply --force`) before rebasing"
         )
+    # git am -3 merges with each patch's preimage blobs, which exist only once the
+    # series has been applied on the old base in this repository (a fresh clone
+    # has just the base): without them a conflict leaves no markers to resolve.
+    applied_tip(project, old_base, patches)
     work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
     timings: dict[str, float] = {}
     new_base, new_pin = _target_base(project, onto, git_path, wheel, timings)
