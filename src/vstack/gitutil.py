@@ -1,9 +1,12 @@
-"""Thin wrappers around git; every call pins the config that changes output bytes."""
+"""Thin wrappers around git; every call runs without the user's or the system's git
+configuration, so that nothing in ~/.gitconfig changes the bytes vstack writes."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -11,8 +14,8 @@ from pathlib import Path
 
 from vstack.errors import VstackError
 
-# Settings a user's ~/.gitconfig could flip that would change exported patch bytes or
-# the commits vstack writes.
+# Global and system configuration are not read at all (see git_env); these pin what a
+# repository's own .git/config, or git's built-in per-user files, could still change.
 _PINNED_CONFIG = [
     "core.quotePath=true",
     "core.autocrlf=false",
@@ -31,6 +34,10 @@ _PINNED_CONFIG = [
     "am.keepcr=false",
     "advice.detachedHead=false",
     "gc.auto=0",
+    "core.hooksPath=/dev/null",
+    # Read even without a global config file: ~/.config/git/{attributes,ignore}.
+    f"core.attributesFile={os.devnull}",
+    f"core.excludesFile={os.devnull}",
 ]
 
 IDENTITY = {
@@ -43,13 +50,37 @@ IDENTITY = {
 FIXED_DATE = "1700000000 +0000"
 
 
+@functools.cache
+def _user_safe_directories() -> tuple[str, ...]:
+    """safe.directory entries of the user's global and system configuration: the one
+    setting of them that vstack keeps (a checkout owned by another user stays usable)."""
+    found: list[str] = []
+    for scope in ("--system", "--global"):
+        p = subprocess.run(
+            ["git", "config", scope, "--get-all", "safe.directory"],
+            capture_output=True, encoding="utf-8", errors="replace", cwd=os.sep,
+        )  # fmt: skip
+        found += [ln for ln in p.stdout.splitlines() if ln]
+    return tuple(found)
+
+
 def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every git call: the user's ~/.gitconfig and the system
+    config are not read (format.signOff, diff.orderFile, color.ui, hooks, ... would
+    change what vstack writes); identity comes from the environment or IDENTITY."""
     env = dict(os.environ)
     env.setdefault("GIT_AUTHOR_NAME", IDENTITY["GIT_AUTHOR_NAME"])
     env.setdefault("GIT_AUTHOR_EMAIL", IDENTITY["GIT_AUTHOR_EMAIL"])
     env.setdefault("GIT_COMMITTER_NAME", IDENTITY["GIT_COMMITTER_NAME"])
     env.setdefault("GIT_COMMITTER_EMAIL", IDENTITY["GIT_COMMITTER_EMAIL"])
     env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GIT_CONFIG_GLOBAL"] = os.devnull
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    for k in [k for k in env if k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))]:
+        del env[k]
+    env.pop("GIT_CONFIG_COUNT", None)
+    env.pop("GIT_CONFIG_PARAMETERS", None)
+    env.pop("GIT_CONFIG", None)
     env["LC_ALL"] = "C"
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
@@ -70,6 +101,8 @@ def git(
     cmd = ["git", "-C", str(repo)]
     for c in _PINNED_CONFIG:
         cmd += ["-c", c]
+    for d in _user_safe_directories():
+        cmd += ["-c", f"safe.directory={d}"]
     cmd += list(args)
     if isinstance(input, str) and not text:
         input = input.encode()
@@ -77,17 +110,32 @@ def git(
         cmd,
         input=input,
         capture_output=True,
-        text=text,
+        # Output with bytes that are not UTF-8 (a file's content in blame or a diff)
+        # must not end in a traceback.
+        **({"encoding": "utf-8", "errors": "replace"} if text else {}),
         env=git_env(env),
     )
     if check and proc.returncode != 0:
         err = proc.stderr if text else proc.stderr.decode(errors="replace")
+        lock = held_lock(err)
+        if lock:
+            raise VstackError(
+                f"git {' '.join(args[:3])} failed in {repo}: {lock} exists: another git "
+                f"is running there, or one was killed (rerun vstack: it removes a lock "
+                f"that no process holds)"
+            )
         raise VstackError(
             f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
             if err.strip()
             else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
         )
     return proc
+
+
+def held_lock(stderr: str) -> str | None:
+    """The lock file named by git's "Unable to create '...lock': File exists"."""
+    m = re.search(r"Unable to create '([^']+\.lock)': File exists", stderr)
+    return m.group(1) if m else None
 
 
 def out(repo: Path | str, *args: str, **kw) -> str:
@@ -105,7 +153,8 @@ def is_repo(path: Path) -> bool:
     p = subprocess.run(
         ["git", "-C", str(path), "rev-parse", "--show-toplevel"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         env=git_env(),
     )
     return p.returncode == 0 and Path(p.stdout.strip()).resolve() == path.resolve()
