@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from vstack_testlib import git, write_stack_toml
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from vstack_testlib import ROOT, STATE_PATCH_MESSAGE, git, vstack_main, write_stack_toml
+
+NUL_PROBLEM = "a NUL byte (binary content in a text patch)"
 
 
 def _only_error_line(capsys) -> str:
@@ -80,3 +93,241 @@ def test_unparsable_stack_toml(stack, capsys):
     (stack.root / "stack.toml").write_text("[base]\nversion = 1.0.0\n")
     assert stack.run("pin") == 1
     assert "stack.toml" in _only_error_line(capsys)
+
+
+# ---------------------------------------------------------------- bytes that are no patch
+
+
+def _one_patch(stack) -> Path:
+    assert stack.run("apply") == 0
+    text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
+    stack.commit_on_work(
+        "vllm/distributed/eplb/state.py",
+        text.replace("line 5\n", "line five\n"),
+        STATE_PATCH_MESSAGE,
+    )
+    assert stack.run("export") == 0
+    return stack.root / "patches" / "eplb-change-line-5.patch"
+
+
+def _refused_everywhere(stack, capsys, patch: Path, line: int, what: str) -> None:
+    before = stack.snapshot()
+    for verb in ("apply", "build"):
+        assert stack.run(verb) == 1, verb
+        assert _only_error_line(capsys) == f"vstack: error: {patch}:{line}: {what}"
+    assert stack.run("lint") == 1
+    assert f"patches/{patch.name}:{line}: {what}" in capsys.readouterr().out
+    assert stack.snapshot() == before
+    assert not (stack.root / "dist").exists()
+
+
+def test_random_bytes_are_refused_naming_the_file(stack, capsys):
+    patch = _one_patch(stack)
+    patch.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    what = "not a git format-patch file (no 'From <commit>' line and Subject: header)"
+    _refused_everywhere(stack, capsys, patch, 1, what)
+
+
+def test_invalid_utf8_in_a_context_line_is_a_clear_error(stack, capsys):
+    patch = _one_patch(stack)
+    data = patch.read_bytes().replace(b" line 4\n", b" line \xff4\n")
+    patch.write_bytes(data)
+    at = data.index(b"\xff")
+    line = data.count(b"\n", 0, at) + 1
+    what = f"not UTF-8 text (byte 0xff at offset {at})"
+    _refused_everywhere(stack, capsys, patch, line, what)
+
+
+def test_a_nul_byte_in_an_added_line_is_refused_by_lint_and_build(stack, capsys):
+    patch = _one_patch(stack)
+    data = patch.read_bytes().replace(b"+line five", b"+line\x00five")
+    patch.write_bytes(data)
+    line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+    assert data.splitlines()[line - 1].startswith(b"+line")
+    _refused_everywhere(stack, capsys, patch, line, NUL_PROBLEM)
+
+
+# ---------------------------------------------------------------- an empty series
+
+
+def test_empty_or_missing_series_with_patch_files_is_an_error(stack, capsys):
+    patch = _one_patch(stack)
+    series = stack.root / "patches/series"
+    series.write_text("# everything commented out\n")
+    for state in ("lists no patch", "is missing"):
+        assert stack.run("build") == 1
+        line = _only_error_line(capsys)
+        assert f"patches/series {state}" in line and patch.name in line
+        assert not (stack.root / "dist").exists()
+        series.unlink(missing_ok=True)
+    # no .patch files at all: an empty series is a legitimate (unpatched) build
+    patch.unlink()
+    assert stack.run("build") == 0
+
+
+# ---------------------------------------------------------------- the stack repository
+
+
+def test_dirty_tree_hint_also_clears_untracked_files(stack, capsys):
+    assert stack.run("apply") == 0
+    (stack.repo / "vllm/config.py").write_text("dirty\n")
+    (stack.repo / "vllm/stray.py").write_text("untracked\n")
+    capsys.readouterr()
+    assert stack.run("apply") == 1
+    hint = _only_error_line(capsys).rsplit("`", 2)[-2]
+    assert "clean" in hint
+    subprocess.run(hint, shell=True, check=True)
+    assert stack.run("apply") == 0
+    assert not (stack.repo / "vllm/stray.py").exists()
+
+
+def test_leftovers_of_a_killed_run_are_removed_by_the_next(stack, capsys):
+    from vstack.locks import held_folder
+
+    assert stack.run("build") == 0
+    repo = stack.repo
+    git(
+        repo, "worktree", "add", "-q", "--detach", str(stack.root / ".vstack/wt-killed"),
+        "base/1.0.0",
+    )  # fmt: skip
+    (repo / ".git/worktrees/wt-killed/index.lock").write_text("")
+    pack = repo / ".git/objects/pack/tmp_pack_Xy12ab"
+    pack.write_bytes(b"PACK")
+    old = stack.cache / ".download-killed"
+    old.mkdir()
+    (old / ".lock").write_text("")
+    (old / "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"partial")
+    legacy = stack.cache / ".download-legacy"  # from a vstack without the lock file
+    legacy.mkdir()
+    os.utime(legacy, (time.time() - 3600, time.time() - 3600))
+    live = stack.cache / ".download-live"  # another process is downloading now
+    live.mkdir()
+    capsys.readouterr()
+    with held_folder(live):
+        assert stack.run("build") == 0
+    err = capsys.readouterr().err
+    assert "temporary worktree" in err and "download folder" in err
+    assert not (stack.root / ".vstack/wt-killed").exists()
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert not pack.exists() and not old.exists() and not legacy.exists()
+    assert live.is_dir()
+
+
+def test_two_builds_at_once_get_a_clear_lock_error(stack, capsys):
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from vstack.locks import project_lock\n"
+         "with project_lock(Path(sys.argv[1]), 'build'):\n"
+         "    print('held', flush=True); time.sleep(120)",
+         str(stack.root)],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert stack.run("build") == 1
+        line = _only_error_line(capsys)
+        assert f"another vstack command is running in {stack.root}" in line
+        assert f"pid {holder.pid}" in line and "wait for it to finish" in line
+        assert not (stack.root / "dist").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert stack.run("build") == 0
+
+
+def test_dist_keeps_only_the_current_build(stack):
+    assert stack.run("build") == 0
+    stale = (
+        stack.root
+        / "dist"
+        / "vllm-1.0.0+eplb.g0123456789ab-cp38-abi3-manylinux_2_28_x86_64.whl"
+    )
+    stale.write_bytes(b"an earlier build")
+    killed = (
+        stack.root
+        / "dist"
+        / ".vllm-1.0.0+eplb.gba9876543210-cp38-abi3-manylinux_2_28_x86_64.whl.tmp"
+    )
+    killed.write_bytes(b"a build killed while writing")
+    _one_patch(stack)
+    assert stack.run("build") == 0
+    info = json.loads((stack.root / "dist/build.json").read_text())
+    names = sorted(p.name for p in (stack.root / "dist").iterdir())
+    assert names == sorted([".dockerignore", "Dockerfile", "build.json", info["wheel"]])
+    ignore = (stack.root / "dist/.dockerignore").read_text().splitlines()
+    assert ignore[-3:] == ["*", "!Dockerfile", f"!{info['wheel']}"]
+
+
+# ---------------------------------------------------------------- the package index
+
+
+class _SilentIndex:
+    """A package index that accepts connections and never answers."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.conns, self.stop = [], threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except OSError:
+                continue
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_a_silent_index_times_out_with_a_clear_error(stack, monkeypatch, capfd):
+    index = _SilentIndex()
+    monkeypatch.delenv("PIP_NO_INDEX")
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{index.port}/simple/")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("VSTACK_DOWNLOAD_TIMEOUT", "2")
+    stack.wheel.unlink()
+    try:
+        t = time.monotonic()
+        assert stack.run("build") == 1
+        took = time.monotonic() - t
+    finally:
+        index.close()
+    err = capfd.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("vstack: error: pip could not download vllm==1.0.0: ")
+    assert "the package index did not answer within 2 s" in last
+    assert "MB" not in err.split("pip could not download")[0].split("downloading")[1]
+    assert "  pip: " in err  # pip's retries are shown as they happen
+    assert (
+        took < 60
+    )  # pip's own default: 15 s x 6 tries, then "No matching distribution"
+
+
+# ---------------------------------------------------------------- --help
+
+
+@pytest.mark.parametrize(
+    "verb, says",
+    [
+        ("pin", "Changes nothing"),
+        ("test-files", "folder to write them into"),
+        ("bench", "benchmarks/results/bench_build.json"),
+    ],
+)
+def test_help_explains_pin_test_files_and_bench(verb, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        vstack_main([verb, "--help"])
+    assert e.value.code == 0
+    assert says in " ".join(capsys.readouterr().out.split())

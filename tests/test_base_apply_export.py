@@ -145,3 +145,98 @@ def test_apply_refuses_dirty_work_tree(stack, capsys):
     err = capsys.readouterr().err
     assert "uncommitted changes" in err and "vllm/config.py" in err
     assert (stack.repo / "vllm/config.py").read_text() == "dirty\n"
+
+
+def _third_patch(stack):
+    """_edit_and_export plus a third patch, after the one that will be broken."""
+    _edit_and_export(stack)
+    assert stack.run("apply") == 0
+    stack.commit_on_work(
+        "vllm/config.py",
+        "A = 1\nB = 20\nC = 3\n",
+        "[EPLB] Tune B\n\nWhy: B must be twenty.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+    )
+    assert stack.run("export") == 0
+    names = [
+        ln
+        for ln in (stack.root / "patches/series").read_text().splitlines()
+        if ln and not ln.startswith("#")
+    ]
+    assert len(names) == 3
+    return names
+
+
+def test_export_after_a_failed_apply_deletes_nothing(stack, capsys):
+    names = _third_patch(stack)
+    bad = stack.root / "patches" / names[0]
+    good = bad.read_bytes()
+    bad.write_text(bad.read_text().replace(" line 4\n", " line FOUR\n"))
+    before = stack.snapshot()
+    assert stack.run("apply") == 1
+    capsys.readouterr()
+    # while git am waits, and after the `git am --abort` a user tries next
+    assert stack.run("export") == 1
+    git(stack.repo, "am", "--abort")
+    for args in (["export"], ["export", "--check"]):
+        assert stack.run(*args) == 1
+        err = capsys.readouterr().err
+        assert f"stopped at patch 1/3 ({names[0]})" in err
+        assert "would delete 3 patch(es) from patches/" in err
+    assert stack.snapshot() == before
+    # fixed patch, fresh apply: export is possible again and changes nothing
+    bad.write_bytes(good)
+    assert stack.run("apply") == 0
+    assert stack.run("export") == 0
+    before[f"patches/{names[0]}"] = good
+    assert stack.snapshot() == before
+
+
+def test_apply_continue_applies_the_rest_and_export_keeps_every_patch(stack, capsys):
+    names = _third_patch(stack)
+    bad = stack.root / "patches" / names[0]
+    bad.write_text(bad.read_text().replace(" line 4\n", " line FOUR\n"))
+    assert stack.run("apply") == 1
+    # the user resolves the stopped patch by hand, then continues
+    state = stack.repo / "vllm/distributed/eplb/state.py"
+    state.write_text(state.read_text().replace("line 5\n", "line five\n"))
+    capsys.readouterr()
+    assert stack.run("apply", "--continue") == 0
+    out = capsys.readouterr().out
+    assert f"[1/3] resolved {names[0]}" in out
+    assert f"[2/3] clean    {names[1]}" in out and f"[3/3] clean    {names[2]}" in out
+    assert stack.run("export") == 0
+    after = [
+        ln
+        for ln in (stack.root / "patches/series").read_text().splitlines()
+        if ln and not ln.startswith("#")
+    ]
+    assert after == names
+    assert " line 4\n" in bad.read_text()  # the resolution, exported
+    assert stack.run("export", "--check") == 0
+
+
+def test_apply_stops_at_a_patch_that_leaves_no_change(stack, capsys):
+    """git am -3 commits nothing for a patch whose change is already there: apply
+    must stop instead of dropping the patch, which export would then delete."""
+    _edit_and_export(stack)
+    patches = stack.root / "patches"
+    first = (patches / "eplb-change-line-5.patch").read_text()
+    (patches / "eplb-change-line-5-again.patch").write_text(
+        first.replace(
+            "Subject: [EPLB] Change line 5", "Subject: [EPLB] Change line 5 again"
+        )
+    )
+    series = patches / "series"
+    series.write_text(series.read_text() + "eplb-change-line-5-again.patch\n")
+    before = stack.snapshot()
+    capsys.readouterr()
+    assert stack.run("apply") == 1
+    cap = capsys.readouterr()
+    assert "[3/3] empty    eplb-change-line-5-again.patch" in cap.out
+    assert "the base already has all of it" in cap.out
+    assert stack.run("export") == 1
+    assert (
+        "stopped at patch 3/3 (eplb-change-line-5-again.patch)"
+        in capsys.readouterr().err
+    )
+    assert stack.snapshot() == before

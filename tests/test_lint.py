@@ -89,3 +89,19 @@ def test_recorded_resolutions_follow_the_patch_rules(stack, capsys):
     )
     assert "resolutions/1.1.0/notes.txt:1: not a .patch file" in found
     assert stack.run("lint") == 1
+
+
+def test_series_entries_are_named_by_their_line(stack):
+    patch = _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", GOOD_MSG)
+    series = stack.root / "patches" / "series"
+    series.write_text(
+        "# apply order\n\n"  # lines 1-2
+        f"{patch.name}\n"  # 3
+        "# a comment between entries\n"  # 4
+        f"{patch.name}\n"  # 5
+        "\n"  # 6
+        "gone.patch\n"  # 7
+    )
+    found = _messages(stack)
+    assert f"patches/series:5: {patch.name} is listed twice" in found
+    assert "patches/series:7: gone.patch does not exist" in found

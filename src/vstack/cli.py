@@ -48,7 +48,7 @@ def run_base(args):
 def run_apply(args):
     from vstack.apply import cmd_apply
 
-    return cmd_apply(_project(args), force=args.force)
+    return cmd_apply(_project(args), force=args.force, cont=args.cont)
 
 
 def run_export(args):
@@ -130,7 +130,14 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    s = sub.add_parser("pin", help="show the pinned base; check vllm/ against it")
+    s = sub.add_parser(
+        "pin", help="show the pinned base; check vllm/ against it",
+        description="Prints the pin of stack.toml: vLLM version, upstream commit, wheel "
+        "file and its sha256, and the image the Dockerfile starts FROM. When the vllm/ "
+        "submodule is populated, checks that it is checked out at the pinned commit "
+        "(exit 1 and the commands to fix it when not). Changes nothing; `vstack "
+        "rebase` is what moves the pin.",
+    )  # fmt: skip
     s.set_defaults(func=run_pin)
 
     s = sub.add_parser(
@@ -146,13 +153,22 @@ def parser() -> argparse.ArgumentParser:
         "apply", help="apply patches/series onto a fresh 'work' branch of the base",
         description="git am --3way, one patch at a time, with a per-patch result. On "
         "failure the patch, files and hunks are named and the work tree is left in "
-        "`git am` state. patches/ is never modified. Refuses to reset a work branch "
-        "that holds unexported commits unless --force (then a backup ref is kept).",
+        "`git am` state: resolve there and --continue (the rest of the series is "
+        "applied after it); until then `vstack export` refuses, since the work branch "
+        "lacks the end of the series. patches/ is never modified. Refuses to reset a "
+        "work branch that holds unexported commits unless --force (then a backup ref "
+        "is kept).",
     )  # fmt: skip
     s.add_argument(
         "--force",
         action="store_true",
         help="discard unexported work-branch commits (kept as a backup ref)",
+    )
+    s.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="after a stop: commit the resolved patch and apply the rest of the series",
     )
     s.set_defaults(func=run_apply)
 
@@ -184,8 +200,13 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "test-files",
         help="write the files the series adds outside the wheel (its tests) into a folder",
-    )
-    s.add_argument("--out", required=True)
+        description="The series applied on the pinned base (cached) holds files that "
+        "are not part of the vllm package, chiefly tests under vLLM's tests/ tree. "
+        "They are written under --out with their repository paths (OUT/tests/...) and "
+        "listed one a line; scripts/test runs pytest on them against the built wheel. "
+        "patches/ and the work branch are not touched.",
+    )  # fmt: skip
+    s.add_argument("--out", required=True, help="folder to write them into (created)")
     s.set_defaults(func=run_test_files)
 
     s = sub.add_parser(
@@ -274,18 +295,46 @@ def parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=run_upstream)
 
-    s = sub.add_parser("bench", help="benchmarks of the tool itself")
-    s.add_argument("what", choices=["build", "rebase"])
+    s = sub.add_parser(
+        "bench", help="benchmarks of the tool itself",
+        description="build: times a plain copy of the pinned wheel, `vstack build` "
+        "(best of --repeat) and a naive unzip + rezip, prints the ratios (targets: "
+        "build <= 3x copy, naive >= 10x build) and writes "
+        "benchmarks/results/bench_build.json. rebase: rebases a throwaway copy of the "
+        "stack (stack.toml, patches/, resolutions/) onto --onto in a fresh .vstack, "
+        "prints the time of each step (download, base extraction, apply, export; "
+        "target <= 60 s end to end) and writes benchmarks/results/bench_rebase.json. "
+        "Exit 2 when a target is missed.",
+    )  # fmt: skip
+    s.add_argument("what", choices=["build", "rebase"], help="what to time")
     s.add_argument("--repeat", type=int, default=3, help="build: best of N runs")
     s.add_argument("--onto", default="0.34.0", help="rebase: the target release")
     s.set_defaults(func=run_bench)
     return p
 
 
+# Verbs that write to .vstack/ (the stack repository, dist/): one at a time per project.
+LOCKED_VERBS = (
+    "base", "apply", "export", "build", "test-files", "rebase", "check", "upstream",
+    "bench",
+)  # fmt: skip
+
+
+def _run(args) -> int:
+    if args.verb not in LOCKED_VERBS:
+        return args.func(args)
+    from vstack import locks
+
+    project = _project(args)
+    with locks.project_lock(project.root, args.verb):
+        locks.recover(project.cache, project.repo)
+        return args.func(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        return _run(args)
     except VstackError as e:
         print(f"vstack: error: {e}", file=sys.stderr)
         return 1

@@ -133,6 +133,9 @@ def cmd_export(project: Project, check: bool = False) -> int:
     else:
         if gitutil.op_in_progress(repo):
             raise VstackError(f"finish or abort the git operation in {repo} first")
+        from vstack.apply import require_whole_series
+
+        require_whole_series(project)
         tip = work
         if not check and gitutil.status_porcelain(repo).strip():
             print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,16 +66,56 @@ def verify(file: Path, expected: str, cache: VerifiedCache | None = None) -> Non
         cache.remember(file, got)
 
 
+# Seconds pip waits on a silent connection before it retries (twice) and gives up.
+DOWNLOAD_TIMEOUT_S = 60
+
+
+def download_timeout() -> int:
+    raw = os.environ.get("VSTACK_DOWNLOAD_TIMEOUT", "")
+    if not raw:
+        return DOWNLOAD_TIMEOUT_S
+    if not raw.isdigit() or int(raw) < 1:
+        raise VstackError(f"VSTACK_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds")
+    return int(raw)
+
+
+def _network_reason(lines: list[str], timeout: int) -> str | None:
+    text = "\n".join(lines)
+    if re.search(r"timed out|TimeoutError", text):
+        return f"the package index did not answer within {timeout} s (3 tries; VSTACK_DOWNLOAD_TIMEOUT)"
+    if re.search(r"Connection refused|NewConnectionError|Name or service not known|"
+                 r"Temporary failure in name resolution", text):  # fmt: skip
+        return "the package index could not be reached (connection refused or no such host)"
+    return None
+
+
 def _pip_download(spec: str, dest: Path) -> None:
+    timeout = download_timeout()
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "-d", str(dest), spec,
+        "--disable-pip-version-check", "--timeout", str(timeout), "--retries", "2",
+        "--progress-bar", "on", "-d", str(dest), spec,
     ]  # fmt: skip
-    print(f"vstack: downloading {spec} with pip (about 340 MB) ...", file=sys.stderr)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        reason = lines[-1] if lines else f"exit {proc.returncode}"
+    print(
+        f"vstack: downloading {spec} with pip (gives up after {timeout} s of silence "
+        f"from the index, retried twice) ...",
+        file=sys.stderr,
+    )
+    # pip's own report and progress bar go to this process's stderr as they come
+    # (stdout stays for vstack's output); its stderr is echoed and kept for the error.
+    proc = subprocess.Popen(
+        cmd, stdout=2, stderr=subprocess.PIPE, text=True, errors="replace"
+    )
+    said = []
+    for line in proc.stderr:
+        said.append(line.rstrip("\n"))
+        print(f"  pip: {said[-1]}", file=sys.stderr)
+    rc = proc.wait()
+    if rc != 0:
+        lines = [ln for ln in said if ln.strip()]
+        reason = _network_reason(lines, timeout) or (
+            lines[-1] if lines else f"exit {rc}"
+        )
         raise VstackError(f"pip could not download {spec}: {reason}")
 
 
@@ -91,6 +132,9 @@ def fetch_wheel(
     hash; a fresh download that does not match is discarded, a cached file is left
     where it is for the user to inspect.
     """
+    from vstack.locks import held_folder, sweep_folders
+
+    sweep_folders(cache_dir, ".download-*")
     if wheel_name:
         cached = cache_dir / wheel_name
         if cached.is_file():
@@ -104,7 +148,10 @@ def fetch_wheel(
                 verify(hits[0], sha256, verified)
             return hits[0]
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp,
+        held_folder(Path(tmp)),
+    ):
         try:
             _pip_download(f"vllm=={version}", Path(tmp))
         except VstackError as e:
@@ -123,3 +170,29 @@ def fetch_wheel(
         final = cache_dir / wheel.name
         shutil.move(str(wheel), final)
     return final
+
+
+def cache_local_wheel(wheel: Path, cache_dir: Path) -> Path:
+    """The wheel cache's copy of a wheel given as a file (rebase --onto x.whl): the
+    next build looks for the pinned wheel there, and could not download a nightly."""
+    target = cache_dir / wheel.name
+    if target.resolve() == wheel.resolve():
+        return target
+    if target.is_file():
+        if sha256_file(target) == sha256_file(wheel):
+            return target
+        raise VstackError(
+            f"the wheel cache already has a different {wheel.name} ({target}): "
+            f"remove one of the two"
+        )
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f".{wheel.name}.{os.getpid()}.tmp"
+    try:
+        shutil.copyfile(wheel, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(
+        f"vstack: copied {wheel.name} into the wheel cache {cache_dir}", file=sys.stderr
+    )
+    return target

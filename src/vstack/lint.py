@@ -6,8 +6,9 @@ import dataclasses
 import re
 from pathlib import Path
 
+from vstack import records
 from vstack.config import Project
-from vstack.series import parse_patch, read_series
+from vstack.series import parse_patch, patch_problems, read_series, read_series_entries
 
 UPSTREAM_STATUSES = (
     "pending",
@@ -145,28 +146,60 @@ def lint_patch(name: str, text: str, folder: str = "patches") -> list[Finding]:
     return found
 
 
+def byte_findings(where: str, data: bytes) -> list[Finding]:
+    """What makes bytes unusable as a patch (not format-patch, not UTF-8, NUL)."""
+    return [Finding(f"{where}:{line}", what) for line, what in patch_problems(data)]
+
+
 def lint_series(patches_dir: Path) -> list[Finding]:
     found = []
-    series = read_series(patches_dir)
+    entries = read_series_entries(patches_dir)
     seen = set()
-    for i, name in enumerate(series, 1):
+    for line, name in entries:
         if name in seen:
-            found.append(Finding(f"patches/series:{i}", f"{name} is listed twice"))
+            found.append(Finding(f"patches/series:{line}", f"{name} is listed twice"))
         seen.add(name)
         if not (patches_dir / name).is_file():
-            found.append(Finding(f"patches/series:{i}", f"{name} does not exist"))
+            found.append(Finding(f"patches/series:{line}", f"{name} does not exist"))
     for p in sorted(patches_dir.glob("*.patch")):
         if p.name not in seen:
             found.append(Finding(f"patches/{p.name}:1", "not listed in patches/series"))
-    for name in series:
+    for _, name in entries:
         p = patches_dir / name
         if p.is_file():
-            found.extend(lint_patch(name, p.read_text(errors="replace")))
+            data = p.read_bytes()
+            bad = byte_findings(f"patches/{name}", data)
+            found.extend(bad)
+            if not any("format-patch" in f.message for f in bad):
+                found.extend(lint_patch(name, data.decode(errors="replace")))
     return found
 
 
-def lint_resolutions(root: Path) -> list[Finding]:
-    """Recorded resolutions follow the patch rules; one with no diff says why."""
+def _release(version: str) -> tuple[int, ...]:
+    nums = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(x) for x in nums.group(0).split(".")) if nums else ()
+
+
+def record_notes(root: Path, pin_version: str | None = None) -> list[str]:
+    """Records for a release newer than the pin that carry no patch hash: they
+    replay, but whether their patch changed since cannot be checked."""
+    notes = []
+    for p in sorted((root / "resolutions").glob("*/*.patch")):
+        version = p.parent.name
+        if pin_version is not None and _release(version) <= _release(pin_version):
+            continue
+        if records.recorded_hash(p.read_text(errors="replace")) is None:
+            notes.append(
+                f"{p.relative_to(root).as_posix()}: no {records.TRAILER}: trailer; "
+                f"a rebase replays it without checking that its patch is unchanged"
+            )
+    return notes
+
+
+def lint_resolutions(root: Path, pin_version: str | None = None) -> list[Finding]:
+    """Recorded resolutions follow the patch rules; one with no diff says why. A
+    record for a release newer than the pin (pin_version) whose patch hash is not
+    that of patches/<name> is stale: the patch changed after it was recorded."""
     found = []
     for p in sorted((root / "resolutions").glob("*/*")):
         folder = p.parent.relative_to(root).as_posix()
@@ -174,12 +207,33 @@ def lint_resolutions(root: Path) -> list[Finding]:
         if not p.name.endswith(".patch"):
             found.append(Finding(f"{where}:1", "not a .patch file"))
             continue
-        text = p.read_text(errors="replace")
+        data = p.read_bytes()
+        bad = byte_findings(where, data)
+        if bad:
+            found.extend(bad)
+            continue
+        text = data.decode()
         try:
             info = parse_patch(text)
         except Exception as e:  # noqa: BLE001 - any parse failure is the finding
             found.append(Finding(f"{where}:1", f"not a patch: {e}"))
             continue
+        want = records.recorded_hash(text)
+        patch = root / "patches" / p.name
+        if (
+            want
+            and pin_version is not None
+            and _release(p.parent.name) > _release(pin_version)
+            and patch.is_file()
+        ):
+            have = records.patch_sha256(patch.read_bytes())
+            if have != want:
+                found.append(Finding(
+                    f"{where}:1",
+                    f"stale: recorded from another version of patches/{p.name} "
+                    f"({records.TRAILER} {want[:12]}, the patch is now {have[:12]}); "
+                    f"a rebase onto {p.parent.name} stops there until it is re-resolved",
+                ))  # fmt: skip
         if info.files:
             found.extend(lint_patch(p.name, text, folder))
         elif len(info.body.split()) < 5:
@@ -192,9 +246,12 @@ def lint_resolutions(root: Path) -> list[Finding]:
 
 
 def cmd_lint(project: Project) -> int:
-    found = lint_series(project.patches_dir) + lint_resolutions(project.root)
+    version = project.pin.version
+    found = lint_series(project.patches_dir) + lint_resolutions(project.root, version)
     for f in found:
         print(f)
+    for note in record_notes(project.root, version):
+        print(f"note: {note}")
     n = len(read_series(project.patches_dir))
     if found:
         print(f"vstack lint: {len(found)} problem(s) in {n} patch(es)")

@@ -10,32 +10,98 @@ from pathlib import Path
 from vstack.errors import VstackError
 
 
-def read_series(patches_dir: Path) -> list[str]:
-    """Patch file names in apply order. Blank lines and '#' comments are ignored."""
+def read_series_entries(patches_dir: Path) -> list[tuple[int, str]]:
+    """(line number, patch file name) in apply order; blank lines and '#' comments
+    are skipped."""
     series = patches_dir / "series"
     if not series.is_file():
         return []
-    names = []
-    for n, raw in enumerate(series.read_text().splitlines(), 1):
+    entries = []
+    for n, raw in enumerate(series.read_text(errors="replace").splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         if "/" in line or not line.endswith(".patch"):
             raise VstackError(f"{series}:{n}: '{line}' is not a .patch file name")
-        names.append(line)
-    return names
+        entries.append((n, line))
+    return entries
+
+
+def read_series(patches_dir: Path) -> list[str]:
+    """Patch file names in apply order. Blank lines and '#' comments are ignored."""
+    return [name for _, name in read_series_entries(patches_dir)]
 
 
 def series_paths(patches_dir: Path) -> list[Path]:
+    """The series' patch files, each checked to be a format-patch file (see
+    patch_problems). An empty or missing series while patches/ holds .patch files
+    is an error: it would build an unpatched wheel without a word."""
+    names = read_series(patches_dir)
+    if not names:
+        unlisted = sorted(p.name for p in patches_dir.glob("*.patch"))
+        if unlisted:
+            what = (
+                "is missing"
+                if not (patches_dir / "series").is_file()
+                else "lists no patch"
+            )
+            raise VstackError(
+                f"patches/series {what}, but patches/ holds {len(unlisted)} patch "
+                f"file(s) ({', '.join(unlisted[:3])}{' ...' if len(unlisted) > 3 else ''}): "
+                f"list them in patches/series in apply order, or remove them"
+            )
     paths = []
-    for name in read_series(patches_dir):
+    for name in names:
         p = patches_dir / name
         if not p.is_file():
             raise VstackError(
                 f"patches/series names {name}, but patches/{name} is missing"
             )
+        load_patch(p)
         paths.append(p)
     return paths
+
+
+def patch_problems(data: bytes) -> list[tuple[int, str]]:
+    """(line, problem) for each reason git must not be given these bytes as a patch:
+    not a format-patch file, not UTF-8 (vLLM's sources are), or a NUL byte (git
+    applies it as text and the build would ship a file Python cannot import)."""
+    found: list[tuple[int, str]] = []
+    head = data[:4096].split(b"\n\n", 1)[0]
+    if not data.startswith(b"From ") or b"\nSubject: " not in b"\n" + head:
+        found.append(
+            (
+                1,
+                "not a git format-patch file (no 'From <commit>' line and Subject: header)",
+            )
+        )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        found.append(
+            (line, f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})")
+        )
+    nul = data.find(b"\0")
+    if nul != -1:
+        line = data.count(b"\n", 0, nul) + 1
+        found.append((line, "a NUL byte (binary content in a text patch)"))
+    return found
+
+
+def load_patch(path: Path) -> tuple[str, PatchInfo]:
+    """The text and parsed form of a patch file; one clear error naming the file and
+    line when it is not one."""
+    data = path.read_bytes()
+    problems = patch_problems(data)
+    if problems:
+        line, what = problems[0]
+        raise VstackError(f"{path}:{line}: {what}")
+    text = data.decode("utf-8")
+    try:
+        return text, parse_patch(text)
+    except VstackError as e:
+        raise VstackError(f"{path}: {e}") from None
 
 
 def series_digest(patches: list[Path]) -> str:
