@@ -286,3 +286,36 @@ def test_dependencies_are_pruned_to_what_the_chain_needs(stack, capsys):
     ]
     # P3 needs P2 (its context), P2 needs the seeds; P1 only shares a file with P2
     assert "test-p2.patch" in deps and "test-p1.patch" not in deps
+
+
+def test_revision_does_not_depend_on_the_local_cache(stack):
+    """P2's context holds P1's line: alone it applies only by a 3-way merge, which
+    needs P1's blobs. A fresh clone (no .vstack) and a checkout after a build must
+    make the same PR from it."""
+    lines = "".join(f"line {i}\n" for i in range(1, 41))
+    assert stack.run("apply") == 0
+    stack.commit_on_work(
+        "vllm/distributed/eplb/state.py",
+        lines.replace("line 10\n", "line 10 p1\n"),
+        "[EPLB] P1\n\nFirst edit, next to the second." + SIGNED,
+    )
+    stack.commit_on_work(
+        "vllm/distributed/eplb/state.py",
+        lines.replace("line 10\n", "line 10 p1\n").replace("line 12\n", "line 12 p2\n"),
+        "[EPLB] P2\n\nSecond edit, two lines below the first." + SIGNED,
+    )
+    assert stack.run("export") == 0
+
+    def upstream_mbox(prepare) -> bytes:
+        shutil.rmtree(stack.root / ".vstack")
+        shutil.rmtree(stack.root / "upstream", ignore_errors=True)
+        prepare()
+        stack.run(
+            "upstream", "eplb-p2.patch"
+        )  # exit 1 without ruff; the mbox is written
+        return (stack.root / "upstream/eplb-p2/v1.mbox").read_bytes()
+
+    fresh = upstream_mbox(lambda: None)
+    built = upstream_mbox(lambda: stack.run("build"))
+    assert fresh == built
+    assert fresh.count(b"\nSubject: ") == 1  # P2 alone: the 3-way merge needs no P1

@@ -131,3 +131,50 @@ Why: line 5 must say five.
 
 Upstream-Status: pending
 Signed-off-by: T <t@x>"""
+
+
+def numbered_lines(changes=None, insert_top=0, n=60) -> str:
+    """'line 1' .. 'line n', with some lines replaced and 'top k' lines in front."""
+    lines = [f"line {i}" for i in range(1, n + 1)]
+    for i, text in (changes or {}).items():
+        lines[i - 1] = text
+    return "".join(f"top {k}\n" for k in range(insert_top)) + "".join(
+        x + "\n" for x in lines
+    )
+
+
+def make_two_wheels(stack: Stack) -> Path:
+    """A stack of five one-line patches on a 1.0.0 wheel, committed in a project
+    repository, and a 1.1.0 wheel (returned) on which they rebase as: a.py untouched
+    (clean), b.py changed near our edit (3way), c.py changed on our line (conflict),
+    d.py already has our change (dropped-upstream), e.py shifted (offset)."""
+    _lines = numbered_lines
+    new = make_wheel(
+        stack.cache / "vllm-1.1.0-cp38-abi3-manylinux_2_28_x86_64.whl", version="1.1.0", commit="gdef5678",
+        files={
+            "vllm/a.py": _lines().encode(),
+            "vllm/b.py": _lines({12: "line 12 upstream"}).encode(),
+            "vllm/c.py": _lines({20: "line 20 upstream"}).encode(),
+            "vllm/d.py": _lines({30: "line 30 ours"}).encode(),
+            "vllm/e.py": _lines(insert_top=5).encode(),
+        },
+    )  # fmt: skip
+    old_files = {f"vllm/{x}.py": _lines().encode() for x in "abcde"}
+    old = make_wheel(stack.wheel, files=old_files)
+    toml = stack.root / "stack.toml"
+    pinned = toml.read_text().split('sha256 = "')[1].split('"')[0]
+    toml.write_text(toml.read_text().replace(pinned, sha256(old)))
+    edits = {"a": (5, "line 5 ours"), "b": (10, "line 10 ours"), "c": (20, "line 20 ours"),
+             "d": (30, "line 30 ours"), "e": (40, "line 40 ours")}  # fmt: skip
+    assert stack.run("apply") == 0
+    for x, (n, text) in edits.items():
+        stack.commit_on_work(
+            f"vllm/{x}.py", _lines({n: text}),
+            f"[EPLB] Edit {x}\n\nOur change to {x} exists for testing.\n\nUpstream-Status: pending\nSigned-off-by: T <t@x>",
+        )  # fmt: skip
+    assert stack.run("export") == 0
+    git(stack.root, "init", "-q")
+    (stack.root / ".gitignore").write_text("/.vstack/\n")
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "stack")
+    return new

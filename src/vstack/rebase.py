@@ -2,7 +2,8 @@
 
 State lives in .vstack/rebase/state.json while a rebase is in progress; stack.toml and
 patches/ are written only when every patch is through, so --abort has only the
-stack repository's work branch to put back.
+stack repository's work branch to put back, and, after a run killed while writing
+them, patches/ and stack.toml from the copy saved in .vstack/rebase/saved/.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from vstack import gitutil
+from vstack import gitutil, records
 from vstack.apply import (
     AM_ENV,
     SYNCED_REF,
     PatchResult,
     apply_one,
+    clear_stop,
     ensure_clean,
     mark_synced,
     unexported_work,
@@ -35,9 +38,16 @@ from vstack.base import (
 )
 from vstack.config import STACK_TOML, Pin, Project, render_stack_toml
 from vstack.errors import VstackError
-from vstack.export import FORMAT_PATCH, applied_tip, render, write_patches
-from vstack.fetch import VerifiedCache, fetch_wheel, sha256_file
-from vstack.series import parse_patch, series_paths
+from vstack.export import (
+    FORMAT_PATCH,
+    applied_tip,
+    current_files,
+    diff_files,
+    render,
+    write_patches,
+)
+from vstack.fetch import VerifiedCache, cache_local_wheel, fetch_wheel, sha256_file
+from vstack.series import load_patch, series_paths
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
 
@@ -151,6 +161,8 @@ def render_report(report: dict) -> str:
         lines.append(
             f"| {i} | {r['patch']} | {r['status']} | {', '.join(r['files'])} | {det} |"
         )
+    if report.get("stopped_at"):
+        lines += ["", f"Stopped at {report['stopped_at']}: the rebase is not finished."]
     t = report.get("timings", {})
     if t:
         lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())]
@@ -231,11 +243,12 @@ def _target_base(
         wheel = Path(onto).resolve()
         if not wheel.is_file():
             raise VstackError(f"no such wheel file: {onto}")
+        wheel = cache_local_wheel(wheel, project.wheel_cache)
     elif kind == "version":
         wheel = fetch_wheel(onto, project.wheel_cache, verified=verified)
     if kind == "git" and wheel_arg:
         wheel = (
-            Path(wheel_arg)
+            cache_local_wheel(Path(wheel_arg).resolve(), project.wheel_cache)
             if wheel_arg.endswith(".whl")
             else fetch_wheel(wheel_arg, project.wheel_cache, verified=verified)
         )
@@ -326,14 +339,18 @@ def resolution_for(project: Project, version: str, name: str) -> Path | None:
 
 def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchResult:
     """Apply a recorded port of `patch` (or drop it when the record has no diff)."""
-    rec = parse_patch(record.read_text(errors="replace"))
+    text, rec = load_patch(record)
     where = record.relative_to(root).as_posix()
     if not rec.files:
         reason = rec.body.strip().split("\n\n")[0].replace("\n", " ") or "(no reason)"
         return PatchResult(
             patch.name, "superseded", [], [f"recorded in {where}: {reason}"]
         )
-    r = apply_one(repo, record)
+    # The commit gets the port's own message: the record's hash trailer stays out.
+    with tempfile.TemporaryDirectory(prefix="vstack-record-") as tmp:
+        port = Path(tmp) / record.name
+        port.write_text(records.strip_patch_hash(text))
+        r = apply_one(repo, port)
     r.patch = patch.name
     if r.status == "conflict":
         r.details.insert(0, f"the recorded port {where} does not apply either")
@@ -343,25 +360,73 @@ def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchR
     return r
 
 
+def base_top_dirs(repo: Path, rev: str) -> set[str]:
+    """Top-level entries of a base: a wheel has vllm/ but no tests/."""
+    return set(gitutil.out(repo, "ls-tree", "--name-only", "-z", rev).split("\0")) - {
+        ""
+    }
+
+
+def _in_base(files: list[str], top: set[str]) -> list[str]:
+    return [f for f in files if f.split("/", 1)[0] in top]
+
+
+_GLOB_CHARS = re.compile(r"[*?\[\]\\]")
+
+
+def reverse_applies(repo: Path, patch: Path, files: list[str], top: set[str]) -> bool:
+    """Whether the new base already contains the patch, judged on the paths the base
+    can have: a wheel carries no tests/, so a patch adding tests would never
+    reverse-apply as a whole."""
+    kept = _in_base(files, top)
+    if not kept:
+        return False
+    include = ["--include=" + _GLOB_CHARS.sub(r"\\\g<0>", f) for f in kept]
+    p = gitutil.git(
+        repo, "apply", "--check", "--reverse", *include, str(patch), check=False
+    )
+    return p.returncode == 0
+
+
+def _merged_away(repo: Path, before: str, files: list[str], top: set[str]) -> bool:
+    """After a 3-way merge: none of the patch's changes to paths the base has are
+    left (upstream already made them); what remains is files the base lacks."""
+    kept = _in_base(files, top)
+    if not kept:
+        return False
+    changed = gitutil.out(repo, "diff", "--name-only", before, "HEAD", "--", *kept)
+    return not changed
+
+
+def _stale_record_result(name: str, where: str, want: str, have: str, files) -> dict:
+    return {
+        "patch": name, "status": "stale-record", "files": files, "record": where,
+        "details": [
+            f"{where} was recorded from another version of patches/{name} "
+            f"(Resolves-Patch-Sha256 {want[:12]}, the patch is now {have[:12]}): "
+            f"replaying it would drop what changed in the patch since",
+        ],
+    }  # fmt: skip
+
+
 def _run_patches(project: Project, state: State) -> int:
     repo = project.repo
     d = state.data
     patches = [project.patches_dir / n for n in d["patches"]]
     subjects = d.get("upstream_subjects")
     version = d["new_pin"]["version"]
+    top = base_top_dirs(repo, d["new_base"])
     t = time.perf_counter()
     while d["next"] < len(patches):
         patch = patches[d["next"]]
-        text = patch.read_text(errors="replace")
-        info = parse_patch(text)
-        rev = gitutil.git(
-            repo, "apply", "--check", "--reverse", str(patch), check=False
-        )
+        text, info = load_patch(patch)
+        before = gitutil.rev_parse(repo, "HEAD")
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
         record = resolution_for(project, version, patch.name)
-        if rev.returncode == 0 or pr_hit:
+        notes: list[str] = []
+        if pr_hit or reverse_applies(repo, patch, info.files, top):
             why = (
                 [f"upstream commit: {pr_hit}"]
                 if pr_hit
@@ -369,23 +434,45 @@ def _run_patches(project: Project, state: State) -> int:
             )
             r = PatchResult(patch.name, "dropped-upstream", info.files, why)
         elif record is not None:
+            where = record.relative_to(project.root).as_posix()
+            verdict, want, have = records.check_record(
+                record.read_text(errors="replace"), patch.read_bytes()
+            )
+            if verdict == "stale":
+                res = _stale_record_result(patch.name, where, want, have, info.files)
+                return _stop(project, state, res, t)
+            if verdict == "unverifiable":
+                notes.append(
+                    f"{where} has no {records.TRAILER}: trailer (recorded before "
+                    f"vstack wrote one), so whether patches/{patch.name} changed since "
+                    f"cannot be checked; replayed as recorded"
+                )
+                print(f"vstack: note: {notes[-1]}", file=sys.stderr)
             r = _use_resolution(repo, patch, record, project.root)
         else:
             r = apply_one(repo, patch)
+            if r.status == "empty":
+                r = PatchResult(patch.name, "dropped-upstream", info.files, [
+                    "the new base already contains it (a 3-way merge left no change)"
+                ])  # fmt: skip
+            elif r.status == "3way" and _merged_away(repo, before, info.files, top):
+                gitutil.git(repo, "reset", "-q", "--hard", before)
+                rest = [f for f in info.files if f not in _in_base(info.files, top)]
+                r = PatchResult(patch.name, "dropped-upstream", info.files, [
+                    f"the new base already contains its changes to "
+                    f"{', '.join(_in_base(info.files, top))} (a 3-way merge kept none)"
+                    + (f"; {', '.join(rest)} not in the base to compare" if rest else "")
+                ])  # fmt: skip
         res = dataclasses.asdict(r)
+        res["details"] = res["details"] + notes
         if r.status not in ("clean", "dropped-upstream"):
             res["details"] += upstream_provides(repo, d["new_base"], text)
         if r.status == "conflict":
+            res["head"] = before
             res["upstream_commits"] = _blame_conflicts(
                 repo, d["old_base"], r.files, subjects is not None
             )
-            d["results"].append(res)
-            d["timings"]["apply"] = (
-                d["timings"].get("apply", 0) + time.perf_counter() - t
-            )
-            state.save()
-            _print_conflict(project, res)
-            return 1
+            return _stop(project, state, res, t)
         res["commit"] = gitutil.rev_parse(repo, "HEAD")
         d["results"].append(res)
         d["next"] += 1
@@ -393,6 +480,65 @@ def _run_patches(project: Project, state: State) -> int:
         state.save()
     d["timings"]["apply"] = d["timings"].get("apply", 0) + time.perf_counter() - t
     return _finish(project, state)
+
+
+def _stop(project: Project, state: State, res: dict, t: float) -> int:
+    """The rebase stops at res (a conflict or a stale record): state and report."""
+    d = state.data
+    d["results"].append(res)
+    d["timings"]["apply"] = d["timings"].get("apply", 0) + time.perf_counter() - t
+    state.save()
+    md, js = write_report(project, state_report(d))
+    if res["status"] == "stale-record":
+        _print_stale(project, res)
+    else:
+        _print_conflict(project, res)
+    print(f"vstack: report so far: {md} and {js}", file=sys.stderr)
+    return 1
+
+
+def state_report(d: dict) -> dict:
+    """The report of a rebase in progress or complete: results so far, the patch
+    it stopped at, and the patches not reached yet."""
+    done = {r["patch"] for r in d["results"]}
+    pending = [
+        {"patch": n, "status": "pending", "files": [], "details": []}
+        for n in d["patches"]
+        if n not in done
+    ]
+    last = d["results"][-1] if d["results"] else None
+    stopped = (
+        last["patch"]
+        if last
+        and last["status"] in ("conflict", "stale-record")
+        and len(d["results"]) == d["next"] + 1
+        else None
+    )
+    report = {
+        "old": {**d["old_pin"], "git": d["old_base"]},
+        "new": {**d["new_pin"], "git": d["new_base"]},
+        "target": d["target"],
+        "patches": d["results"] + pending,
+        "timings": d["timings"],
+    }
+    if stopped:
+        report["stopped_at"] = stopped
+    return report
+
+
+def _print_stale(project: Project, res: dict) -> None:
+    record = res["record"]
+    print(f"  stale record for {res['patch']}:", file=sys.stderr)
+    for line in res["details"]:
+        print(f"     {line}", file=sys.stderr)
+    print(
+        f"vstack: re-resolve it: remove the record (git rm {record}) and "
+        f"`vstack rebase --continue` (the patch is applied and, when it conflicts, "
+        f"resolved and recorded anew); or, when the record still holds, set its "
+        f"{records.TRAILER}: to the patch's sha256 and --continue; or "
+        f"`vstack rebase --abort`. patches/ and {STACK_TOML} are unchanged.",
+        file=sys.stderr,
+    )
 
 
 def _print_conflict(project: Project, res: dict) -> None:
@@ -417,22 +563,34 @@ def _finish(project: Project, state: State) -> int:
     repo = project.repo
     t = time.perf_counter()
     new = render(repo, d["new_base"], f"refs/heads/{WORK_BRANCH}")
-    write_patches(project.patches_dir, new, project.cache / "backup")
     new_pin = Pin(**d["new_pin"])
     toml = project.root / STACK_TOML
-    toml.write_text(render_stack_toml(toml.read_text(), new_pin))
+    new_toml = render_stack_toml(toml.read_text(), new_pin)
+    planned = planned_records(project, d)
+    # What the writes below change, saved first: --abort after a run killed among
+    # them puts back exactly what this rebase wrote (see restore_project_files).
+    # (Added to, not replaced: a --continue after a killed finish runs it again.)
+    old = current_files(project.patches_dir)
+    fin = d.setdefault("finishing", {"patches": {}, "records": {}})
+    fin["patches"].update({
+        n: records.patch_sha256(new[n]) if n in new else None
+        for n in diff_files(old, new)
+    })  # fmt: skip
+    fin["stack_toml"] = records.patch_sha256(new_toml.encode())
+    fin["records"].update({
+        path.relative_to(project.root).as_posix(): records.patch_sha256(text.encode())
+        for path, text in planned.items()
+    })  # fmt: skip
+    state.save()
+    write_patches(project.patches_dir, new, project.cache / "backup")
+    toml.write_text(new_toml)
     mark_synced(repo)
-    recorded = record_resolutions(project, d)
+    recorded = record_resolutions(project, d, planned)
     d["timings"]["export"] = time.perf_counter() - t
-    report = {
-        "old": {**d["old_pin"], "git": d["old_base"]},
-        "new": {**d["new_pin"], "git": d["new_base"]},
-        "target": d["target"],
-        "patches": d["results"],
-        "timings": d["timings"],
-    }
+    report = state_report(d)
     md, js = write_report(project, report)
     state.clear()
+    clear_stop(project)  # the work branch now holds the whole (rebased) series
     print(short_table(report))
     kept = sum(r["status"] not in DROPPED for r in d["results"])
     print(
@@ -450,42 +608,126 @@ def _finish(project: Project, state: State) -> int:
     return 0
 
 
-def superseded_record(subject: str, version: str, reason: str) -> str:
-    """A resolution with no diff: the patch is dropped on `version`, for `reason`."""
-    return (
+def superseded_record(
+    subject: str, version: str, reason: str, patch_sha256: str | None = None
+) -> str:
+    """A resolution with no diff: the patch is dropped on `version`, for `reason`.
+    patch_sha256: of the patch file it resolves (see vstack.records)."""
+    text = (
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
         f"Subject: {subject}\n\n"
         f"Superseded by vLLM {version}: {reason.strip()}\n"
     )
+    return records.with_patch_hash(text, patch_sha256) if patch_sha256 else text
 
 
-def record_resolutions(project: Project, d: dict) -> list[Path]:
-    """Write what this rebase resolved by hand under resolutions/<version>/, so the
-    next rebase onto the same base (CI, a colleague) replays it. Never overwrites."""
+def _patch_hash(project: Project, d: dict, name: str) -> str | None:
+    """sha256 of patches/<name> as the rebase found it (saved when it started)."""
+    known = d.get("patch_sha256", {}).get(name)
+    if known:
+        return known
+    path = project.patches_dir / name
+    return records.patch_sha256(path.read_bytes()) if path.is_file() else None
+
+
+def planned_records(project: Project, d: dict) -> dict[Path, str]:
+    """{path: text} of the records this rebase's manual resolutions make, each
+    carrying the hash of the patch it resolves; paths that exist are left out."""
     out = project.root / RESOLUTIONS / d["new_pin"]["version"]
-    written = []
+    planned = {}
     for res in d["results"]:
+        sha = _patch_hash(project, d, res["patch"])
         if res["status"] == "conflict-resolved":
             text = gitutil.git(project.repo, *FORMAT_PATCH, "-1", res["commit"]).stdout
+            text = records.with_patch_hash(text, sha) if sha else text
         elif res["status"] == "superseded" and res.get("reason"):
             text = superseded_record(
-                res["subject"], d["new_pin"]["version"], res["reason"]
+                res["subject"], d["new_pin"]["version"], res["reason"], sha
             )
         else:
             continue
         path = out / res["patch"]
         if path.exists():
-            if path.read_text() != text:
+            if path.read_text(errors="replace") != text:
                 print(
                     f"vstack: note: {path.relative_to(project.root)} exists and differs "
                     f"from this rebase's resolution; left as it is",
                     file=sys.stderr,
                 )
             continue
-        out.mkdir(parents=True, exist_ok=True)
+        planned[path] = text
+    return planned
+
+
+def record_resolutions(
+    project: Project, d: dict, planned: dict[Path, str] | None = None
+) -> list[Path]:
+    """Write what this rebase resolved by hand under resolutions/<version>/, so the
+    next rebase onto the same base (CI, a colleague) replays it. Never overwrites."""
+    if planned is None:
+        planned = planned_records(project, d)
+    written = []
+    for path, text in planned.items():
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
     return written
+
+
+# ---------------------------------------------------------------- patches/ on --abort
+
+
+def save_project_files(project: Project, saved: Path) -> None:
+    """A copy of patches/ (series + .patch files) and stack.toml as the rebase
+    starts: what --abort compares with, and restores after a killed finish."""
+    (saved / "patches").mkdir(parents=True, exist_ok=True)
+    for name, data in current_files(project.patches_dir).items():
+        (saved / "patches" / name).write_bytes(data)
+    shutil.copyfile(project.root / STACK_TOML, saved / STACK_TOML)
+
+
+def restore_project_files(project: Project, d: dict, saved: Path) -> tuple[list, list]:
+    """(restored, differing) project paths. A file that differs from the saved copy
+    is put back when it is what the rebase's finish wrote; anything else that
+    differs was changed by someone else and is only named."""
+    if not saved.is_dir():
+        return [], []
+    fin = d.get("finishing") or {}
+    restored, differs = [], []
+    old = {p.name: p.read_bytes() for p in (saved / "patches").iterdir()}
+    cur = current_files(project.patches_dir)
+    wrote = fin.get("patches", {})
+    for name in diff_files(old, cur):
+        target = project.patches_dir / name
+        have = records.patch_sha256(cur[name]) if name in cur else None
+        if name in wrote and wrote[name] == have:
+            if name in old:
+                target.write_bytes(old[name])
+            else:
+                target.unlink()
+            restored.append(f"patches/{name}")
+        else:
+            differs.append(f"patches/{name}")
+    toml = project.root / STACK_TOML
+    before = (saved / STACK_TOML).read_bytes()
+    now = toml.read_bytes() if toml.is_file() else b""
+    if now != before:
+        if fin.get("stack_toml") == records.patch_sha256(now):
+            toml.write_bytes(before)
+            restored.append(STACK_TOML)
+        else:
+            differs.append(STACK_TOML)
+    for rel, sha in fin.get("records", {}).items():
+        path = project.root / rel
+        if path.is_file() and records.patch_sha256(path.read_bytes()) == sha:
+            path.unlink()
+            restored.append(f"{rel} (removed)")
+            with_parent = path.parent
+            if with_parent.is_dir() and not any(with_parent.iterdir()):
+                with_parent.rmdir()
+    return restored, differs
 
 
 def write_report(project: Project, report: dict) -> tuple[Path, Path]:
@@ -553,11 +795,13 @@ def cmd_rebase(
         "old_synced": gitutil.rev_parse(repo, SYNCED_REF),
         "old_head": gitutil.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or gitutil.out(repo, "rev-parse", "HEAD"),
         "patches": [p.name for p in patches],
+        "patch_sha256": {p.name: records.patch_sha256(p.read_bytes()) for p in patches},
         "results": [],
         "next": 0,
         "timings": timings,
         "upstream_subjects": _upstream_subjects(repo, old_base.commit, new_base.commit),
     })  # fmt: skip
+    save_project_files(project, state.path.parent / "saved")
     state.save()
     gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, new_base.commit)
     print(
@@ -579,7 +823,20 @@ def cmd_continue(project: Project) -> int:
     repo = project.repo
     d = state.data
     last = d["results"][-1] if d["results"] else None
-    if not last or last["status"] != "conflict" or len(d["results"]) != d["next"] + 1:
+    stopped = last is not None and len(d["results"]) == d["next"] + 1
+    if stopped and last["status"] == "stale-record":
+        d["results"].pop()  # checked again: removed or refreshed by now, or stops again
+        return _run_patches(project, state)
+    if not stopped or last["status"] != "conflict":
+        _undo_unfinished_am(repo, d)
+        return _run_patches(project, state)
+    if not gitutil.op_in_progress(repo) and gitutil.rev_parse(repo, "HEAD") == last.get(
+        "head"
+    ):
+        # Nothing was committed for the stopped patch and no merge waits: the stop
+        # was not a conflict left to resolve here. Try the patch again.
+        d["results"].pop()
+        print(f"vstack: nothing was resolved for {last['patch']}; applying it again")
         return _run_patches(project, state)
     unresolved = []
     for f in last["files"]:
@@ -611,6 +868,30 @@ def cmd_continue(project: Project) -> int:
     return _run_patches(project, state)
 
 
+def _undo_unfinished_am(repo: Path, d: dict) -> None:
+    """A `git am` left by a run killed between patches is not a stop to resume:
+    put HEAD back at the last patch that went through."""
+    if not gitutil.op_in_progress(repo):
+        return
+    gitutil.git(repo, "am", "--abort", check=False)
+    last_ok = next(
+        (r["commit"] for r in reversed(d["results"]) if r.get("commit")), d["new_base"]
+    )
+    gitutil.git(repo, "reset", "-q", "--hard", last_ok)
+
+
+def applies_now(repo: Path, patch: Path) -> bool:
+    """Whether patch applies on HEAD, with a 3-way merge if need be, checked in a
+    scratch index (neither the index nor the work tree of repo change)."""
+    with tempfile.TemporaryDirectory(prefix="vstack-idx-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        gitutil.git(repo, "read-tree", "HEAD", env=env)
+        p = gitutil.git(
+            repo, "apply", "--cached", "--3way", str(patch), check=False, env=env
+        )
+    return p.returncode == 0
+
+
 def cmd_skip(project: Project, reason: str | None) -> int:
     """Drop the patch that stopped the rebase: the new base supersedes it."""
     state = _require_state(project)
@@ -624,13 +905,18 @@ def cmd_skip(project: Project, reason: str | None) -> int:
             "--skip needs --reason TEXT: what in the new base supersedes the patch "
             "(it goes into the report and resolutions/)"
         )
+    patch = project.patches_dir / last["patch"]
     if gitutil.op_in_progress(repo):
         gitutil.git(repo, "am", "--abort", check=False)
     gitutil.git(repo, "reset", "-q", "--hard", "HEAD", check=False)
     gitutil.git(repo, "clean", "-q", "-fd", check=False)
-    info = parse_patch(
-        (project.patches_dir / last["patch"]).read_text(errors="replace")
-    )
+    if applies_now(repo, patch):
+        # A record saying "superseded" would drop this patch on every later rebase.
+        raise VstackError(
+            f"--skip refused: {last['patch']} applies on the new base (the stop was "
+            f"not a conflict); `vstack rebase --continue` applies it"
+        )
+    _, info = load_patch(patch)
     last.update(
         status="superseded", reason=reason, subject=info.subject,
         details=[f"skipped: {reason}"] + [
@@ -649,6 +935,7 @@ def cmd_abort(project: Project) -> int:
     d = state.data
     if gitutil.op_in_progress(repo):
         gitutil.git(repo, "am", "--abort", check=False)
+    restored, differs = restore_project_files(project, d, state.path.parent / "saved")
     if d["old_work"]:
         gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, d["old_work"])
     else:
@@ -664,7 +951,23 @@ def cmd_abort(project: Project) -> int:
     else:
         gitutil.git(repo, "update-ref", "-d", SYNCED_REF, check=False)
     gitutil.git(repo, "clean", "-q", "-fd", check=False)
+    # The rebase started with patches/ and stack.toml committed (it refuses
+    # otherwise): whatever git sees changed now is a difference, whoever made it.
+    differs += [f for f in _project_files_dirty(project) if f not in differs]
     state.clear()
+    if restored:
+        print(
+            f"vstack: the interrupted rebase had begun writing the new series: put back "
+            f"as they were before it: {', '.join(restored)}"
+        )
+    if differs:
+        print(
+            f"vstack: rebase aborted; the work branch is as before, but these differ "
+            f"from before the rebase and were not written by it (left as they are): "
+            f"{', '.join(differs)}",
+            file=sys.stderr,
+        )
+        return 0
     print(
         f"vstack: rebase aborted; the work branch, patches/ and {STACK_TOML} are as before"
     )

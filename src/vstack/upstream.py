@@ -22,9 +22,15 @@ from pathlib import Path
 
 from vstack import gitutil
 from vstack.apply import apply_patches
-from vstack.base import base_from_git, ensure_base, submodule_head
+from vstack.base import (
+    base_from_git,
+    ensure_base,
+    pinned_base_anywhere,
+    submodule_head,
+)
 from vstack.config import Project
 from vstack.errors import VstackError
+from vstack.export import applied_tip
 from vstack.lint import SPDX_LINES, _added_lines, author_signed_off, new_torch_cuda_call
 from vstack.series import parse_patch, series_paths
 
@@ -495,6 +501,11 @@ def cmd_upstream(
         base = ensure_base(project)
         ruff_config = Path(__file__).with_name("vllm_ruff.toml")
     repo = project.repo
+    # Whether a patch stands alone, and which earlier ones it needs, is decided with
+    # 3-way merges, which need every patch's preimage blobs: present only once the
+    # series has been applied here. Applying it first (cached) makes the answer, and
+    # so the PR revision, the same in a fresh clone as after `scripts/build`.
+    applied_tip(project, pinned_base_anywhere(project), patches)
     with gitutil.temp_worktree(repo, base.commit, project.cache) as probe:
         # A patch that needs only a 3-way merge (context from an unrelated earlier
         # patch) still stands alone upstream.
