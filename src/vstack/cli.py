@@ -95,7 +95,7 @@ def run_rebase(args):
         return rebase.cmd_skip(project, args.reason)
     if not args.onto:
         raise VstackError("give --onto <target>, --continue or --abort")
-    return rebase.cmd_rebase(project, args.onto, args.git, args.wheel)
+    return rebase.cmd_rebase(project, args.onto, args.git, args.wheel, args.wheel_index)
 
 
 def run_check(args):
@@ -200,18 +200,28 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "rebase", help="move the series onto a new vLLM base, with a per-patch report",
         description="The target is a vLLM version from the package index (0.34.0), a "
-        "local wheel file, or a revision of a git checkout (--git PATH; the vllm/ "
-        "submodule by default). Each patch is first checked against upstream (it "
+        "local wheel file, `nightly` or a commit id of vLLM's main branch (the wheel "
+        "from vLLM's per-commit wheel repository: --wheel-index, else "
+        "VSTACK_WHEEL_INDEX, else [base] wheel_index in stack.toml, else "
+        "https://wheels.vllm.ai; downloaded into the wheel cache, sha256 recorded; "
+        "the pin then records the full commit), or a revision of a git checkout (--git "
+        "PATH; the vllm/ submodule by default). Each patch is first checked against upstream (it "
         "reverse-applies on the new base, or its Upstream-PR number is in an upstream "
         "commit subject): such patches are dropped-upstream. The rest are applied with "
         "git am -3 and classified clean / offset / 3way / conflict; a patch with a "
-        "recorded resolution for the target (resolutions/<version>/<patch>) is ported "
+        "recorded resolution for the target (resolutions/<version>/<patch>, else the "
+        "newest recorded release between the old and the new base) is ported "
         "from it, or superseded when the record has no diff. On success patches/ "
-        "is re-exported and stack.toml re-pinned; on conflict, resolve in .vstack/repo "
+        "is re-exported, stack.toml re-pinned and the vllm/ gitlink moved (when "
+        "the full commit can be resolved); on conflict, resolve in .vstack/repo "
         "and --continue, or --abort to restore everything. Report: "
         ".vstack/reports/rebase.{md,json}.",
     )  # fmt: skip
-    s.add_argument("--onto", help="version, wheel file, or git revision (with --git)")
+    s.add_argument(
+        "--onto",
+        help="version, wheel file, `nightly`, a commit id (per-commit wheels), "
+        "or a git revision (with --git)",
+    )
     s.add_argument(
         "--git",
         nargs="?",
@@ -220,6 +230,12 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--wheel", help="with --git: the wheel (file or version) to pin for builds"
+    )
+    s.add_argument(
+        "--wheel-index",
+        metavar="URL",
+        help="per-commit wheel repository for `nightly` / commit targets "
+        "(overrides VSTACK_WHEEL_INDEX and stack.toml)",
     )
     s.add_argument(
         "--continue",
