@@ -32,6 +32,10 @@ def _project(args):
 def run_pin(args):
     from vstack.pin import cmd_pin
 
+    if args.submodule:
+        from vstack.submodule import cmd_submodule
+
+        return cmd_submodule(_project(args), args.url)
     return cmd_pin(_project(args))
 
 
@@ -130,7 +134,24 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    s = sub.add_parser("pin", help="show the pinned base; check vllm/ against it")
+    s = sub.add_parser(
+        "pin", help="show the pinned base; check vllm/ against it; write its gitlink",
+        description="Prints the pin (version, commit, wheel, sha256, image), the "
+        "vllm/ gitlink the repository records, and checks a populated vllm/ checkout "
+        "against the pin. --submodule stages the gitlink (git update-index --cacheinfo "
+        "160000,<sha>,vllm) at the pinned commit; the full id comes from the pin, the "
+        "vllm/ checkout, or git ls-remote of the upstream URL (.gitmodules; "
+        "VSTACK_UPSTREAM_URL or --url override it): the tag v<version>, or a branch "
+        "tip starting with the pinned id. Exit 1, in one line, when it cannot.",
+    )  # fmt: skip
+    s.add_argument(
+        "--submodule",
+        action="store_true",
+        help="stage the vllm/ gitlink at the pinned commit",
+    )
+    s.add_argument(
+        "--url", help="with --submodule: the upstream repository to ls-remote"
+    )
     s.set_defaults(func=run_pin)
 
     s = sub.add_parser(

@@ -44,6 +44,7 @@ from vstack.nightly import (
     nearest_record,
 )
 from vstack.series import parse_patch, series_paths
+from vstack.submodule import after_pin_moved
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
 
@@ -443,6 +444,7 @@ def _finish(project: Project, state: State) -> int:
     new_pin = Pin(**d["new_pin"])
     toml = project.root / STACK_TOML
     toml.write_text(render_stack_toml(toml.read_text(), new_pin))
+    after_pin_moved(project, new_pin)
     mark_synced(repo)
     recorded = record_resolutions(project, d)
     d["timings"]["export"] = time.perf_counter() - t
