@@ -84,7 +84,7 @@ def run_test_files(args):
 def run_lint(args):
     from vstack.lint import cmd_lint
 
-    return cmd_lint(_project(args))
+    return cmd_lint(_project(args), args.git)
 
 
 def run_rebase(args):
@@ -214,8 +214,17 @@ def parser() -> argparse.ArgumentParser:
         description="Every series entry exists and every patch file is listed; every patch "
         "says why it exists and has Upstream-Status: (and Upstream-PR: once submitted); "
         "new Python files carry vLLM's SPDX header lines; no trailing whitespace or new "
-        "direct torch.cuda calls in added lines; every commit is signed off by its author.",
+        "direct torch.cuda calls in added lines; Triton imported only through "
+        "vllm.triton_utils and regex instead of re (vLLM's import hooks, restated); every "
+        "commit is signed off by its author. With a vLLM checkout (the populated vllm/ "
+        "submodule, or --git PATH) whose pinned commit has .pre-commit-config.yaml, and "
+        "pre-commit installed, vLLM's own hooks also run on each patch's files (the "
+        "patch staged on its parent; SKIP=hook,... skips some).",
     )  # fmt: skip
+    s.add_argument(
+        "--git",
+        help="a vLLM checkout at the pinned commit whose pre-commit hooks to run",
+    )
     s.set_defaults(func=run_lint)
 
     s = sub.add_parser(
@@ -296,8 +305,10 @@ def parser() -> argparse.ArgumentParser:
         "vstack/<patch>-v<N> in a vLLM checkout (--git PATH or the populated vllm/ "
         "submodule; --base REV, default the pinned commit), else as an mbox. Runs "
         "vLLM's checks on the changed files (ruff check / format with vLLM's config, "
-        "SPDX, no new torch.cuda calls, config fields documented, DCO) and writes "
-        "upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt}; numbers come only "
+        "SPDX, no new torch.cuda calls, Triton and regex imports as vLLM allows, config fields documented, DCO) and writes "
+        "upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt}; with a checkout "
+        "whose base has .pre-commit-config.yaml and pre-commit installed, vLLM's own "
+        "hooks run on the changed files too. Numbers come only "
         "from the results files the patch names in Stack-Results: trailers. A changed "
         "patch becomes revision N+1, with a git range-diff against N. Exit 1 if a "
         "check fails.",
