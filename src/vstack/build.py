@@ -219,8 +219,8 @@ def dockerfile(pin: Pin, plan: BuildPlan, n_patches: int) -> str:
 FROM {pin.image_ref}
 COPY {whl} /tmp/{whl}
 # --no-deps: the image already has every dependency of vLLM {pin.version}; only
-# vLLM's own files change.
-RUN python3 -m pip install --no-deps --force-reinstall /tmp/{whl} && rm /tmp/{whl}
+# vLLM's own files change; --no-cache-dir: pip leaves no cache in the image.
+RUN python3 -m pip install --no-cache-dir --no-deps --force-reinstall /tmp/{whl} && rm /tmp/{whl}
 RUN python3 -c "import vllm; v = vllm.__version__; assert v == '{plan.version}', v; print('vllm', v)"
 """
 
