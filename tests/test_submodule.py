@@ -70,6 +70,7 @@ def test_pin_submodule_writes_the_gitlink_at_the_release_tag(
         in capsys.readouterr().out
     )
     assert _gitlink(stack) == f"160000 {a} 0\tvllm\n"
+    assert git(stack.root, "status", "--porcelain") == "A  vllm\n"
     monkeypatch.setenv("VSTACK_UPSTREAM_URL", str(bare))
     assert stack.run("pin", "--submodule") == 0
     assert "already at" in capsys.readouterr().out

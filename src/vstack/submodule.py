@@ -119,6 +119,9 @@ def write_gitlink(project: Project, sha: str) -> None:
         raise VstackError(f"{project.root} is not in a git repository: no gitlink")
     rel = os.path.relpath(project.submodule, top).replace(os.sep, "/")
     gitutil.git(top, "update-index", "--add", "--cacheinfo", f"160000,{sha},{rel}")
+    # An uninitialised submodule is an empty folder (as git checkout leaves it);
+    # without one, git status reports the submodule deleted.
+    project.submodule.mkdir(exist_ok=True)
 
 
 def unresolved_line(pin: Pin, why: str) -> str:
