@@ -22,6 +22,10 @@ Typical edit loop:
   (edit, commit or --amend in .vstack/repo)
   vstack export                      # work branch -> patches/
   vstack build                       # dist/vllm-<version>+<label>.<hash>-*.whl
+
+Following upstream:
+  vstack rebase --onto nightly       # or a release (0.34.0), a commit id, a wheel file
+  vstack pin --submodule             # the vllm/ gitlink at the pinned commit
 """
 
 
