@@ -30,6 +30,22 @@ TORCH_CUDA_ALLOWED = (
     "benchmarks/",
     "vllm/utils/torch_utils.py",
 )
+# vLLM's import hooks, restated for when no vLLM checkout can run them: (pattern on
+# the stripped line, the one file allowed to, what to do instead). Every Python file
+# counts, tests too, and an indented (local) import as much as a top-level one.
+FORBIDDEN_IMPORTS = (
+    (  # check-triton-import: Triton only through vllm.triton_utils
+        re.compile(r"^(from|import)\s+triton(\s|\.|$)"),
+        "vllm/triton_utils/importing.py",
+        "import Triton as vLLM does: `from vllm.triton_utils import tl, triton` "
+        "(check-triton-import)",
+    ),
+    (  # enforce-regex-import: the regex package instead of re
+        re.compile(r"^(import\s+re(\s|,|$)|from\s+re\s+import)"),
+        "setup.py",
+        "use `import regex as re` (enforce-regex-import)",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +64,17 @@ def new_torch_cuda_call(file: str, line: str) -> bool:
         and TORCH_CUDA.search(line.split("#", 1)[0]) is not None
         and not file.startswith(TORCH_CUDA_ALLOWED)
     )
+
+
+def forbidden_import(file: str, line: str) -> str | None:
+    """What vLLM's pre-commit says about an added import line, or None."""
+    if not file.endswith(".py"):
+        return None
+    code = line.strip()
+    for pattern, allowed_file, advice in FORBIDDEN_IMPORTS:
+        if file != allowed_file and pattern.match(code):
+            return advice
+    return None
 
 
 def author_signed_off(text: str, signoffs: list[str]) -> tuple[bool, str | None]:
@@ -129,6 +156,13 @@ def lint_patch(name: str, text: str, folder: str = "patches") -> list[Finding]:
                     f"new direct torch.cuda call in {file}:{new_no} (use torch.accelerator / current_platform)",
                 )
             )
+        advice = forbidden_import(file, line)
+        if advice:
+            found.append(
+                Finding(
+                    f"{where}:{n}", f"`{line.strip()}` in {file}:{new_no}: {advice}"
+                )
+            )
     for file in info.added:
         if not file.endswith(".py"):
             continue
@@ -191,10 +225,15 @@ def lint_resolutions(root: Path) -> list[Finding]:
     return found
 
 
-def cmd_lint(project: Project) -> int:
+def cmd_lint(project: Project, git_path: str | None = None) -> int:
+    from vstack.precommit import on_series
+
     found = lint_series(project.patches_dir) + lint_resolutions(project.root)
+    hooks, note = on_series(project, git_path)
+    found += [Finding(f"patches/{name}:1", message) for name, message in hooks]
     for f in found:
         print(f)
+    print(f"vstack lint: {note}")
     n = len(read_series(project.patches_dir))
     if found:
         print(f"vstack lint: {len(found)} problem(s) in {n} patch(es)")

@@ -37,7 +37,14 @@ from vstack.config import STACK_TOML, Pin, Project, render_stack_toml
 from vstack.errors import VstackError
 from vstack.export import FORMAT_PATCH, applied_tip, render, write_patches
 from vstack.fetch import VerifiedCache, fetch_wheel, sha256_file
+from vstack.nightly import (
+    fetch_per_commit,
+    image_for,
+    is_per_commit_target,
+    nearest_record,
+)
 from vstack.series import parse_patch, series_paths
+from vstack.submodule import after_pin_moved
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
 
@@ -54,16 +61,19 @@ RESOLUTIONS = "resolutions"
 
 
 def classify_target(onto: str, git_path: str | None) -> str:
-    """'wheel' (a local .whl), 'git' (a revision of a checkout) or 'version'."""
+    """'wheel' (a local .whl), 'git' (a revision of a checkout), 'per-commit'
+    (`nightly` or a commit of vLLM's per-commit wheel repository) or 'version'."""
     if onto.endswith(".whl"):
         return "wheel"
     if git_path is not None:
         return "git"
+    if is_per_commit_target(onto):
+        return "per-commit"
     if re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?[A-Za-z0-9.]+)?", onto):
         return "version"
     raise VstackError(
         f"cannot tell what '{onto}' is: give a vLLM version (0.34.0), a wheel file "
-        f"(*.whl), or a revision with --git PATH"
+        f"(*.whl), nightly, a commit id, or a revision with --git PATH"
     )
 
 
@@ -220,19 +230,22 @@ class State:
 
 
 def _target_base(
-    project: Project, onto: str, git_path, wheel_arg, timings
+    project: Project, onto: str, git_path, wheel_arg, timings, wheel_index=None
 ) -> tuple[Base, Pin]:
     kind = classify_target(onto, git_path)
     old = project.pin
     verified = VerifiedCache(project.cache / "verified.json")
     t = time.perf_counter()
-    wheel = sha = None
+    wheel = sha = per_commit = None
     if kind == "wheel":
         wheel = Path(onto).resolve()
         if not wheel.is_file():
             raise VstackError(f"no such wheel file: {onto}")
     elif kind == "version":
         wheel = fetch_wheel(onto, project.wheel_cache, verified=verified)
+    elif kind == "per-commit":
+        per_commit = fetch_per_commit(project, onto, wheel_index)
+        wheel = per_commit.wheel
     if kind == "git" and wheel_arg:
         wheel = (
             Path(wheel_arg)
@@ -240,7 +253,7 @@ def _target_base(
             else fetch_wheel(wheel_arg, project.wheel_cache, verified=verified)
         )
     if wheel is not None:
-        sha = sha256_file(wheel)
+        sha = per_commit.sha256 if per_commit else sha256_file(wheel)
     timings["download"] = time.perf_counter() - t
     t = time.perf_counter()
     if kind == "git":
@@ -255,8 +268,12 @@ def _target_base(
         base = base_from_wheel(project, wheel, sha)
         commit = commit or ""
     timings["base_extraction"] = time.perf_counter() - t
+    if per_commit:
+        commit = "g" + per_commit.commit
     image = (
-        f"vllm/vllm-openai:v{version}"
+        image_for(version, per_commit.commit)
+        if per_commit
+        else f"vllm/vllm-openai:v{version}"
         if re.fullmatch(r"\d+\.\d+\.\d+", version)
         else old.image
     )
@@ -319,9 +336,15 @@ def _blame_conflicts(
     return list(found.values())
 
 
-def resolution_for(project: Project, version: str, name: str) -> Path | None:
+def resolution_for(
+    project: Project, version: str, name: str, after: str | None = None
+) -> Path | None:
+    """resolutions/<version>/<name>; else, given the old base's version, the record
+    of the newest release between the two (what a nightly after it replays)."""
     path = project.root / RESOLUTIONS / version / name
-    return path if path.is_file() else None
+    if path.is_file():
+        return path
+    return nearest_record(project.root, name, version, after) if after else None
 
 
 def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchResult:
@@ -360,7 +383,7 @@ def _run_patches(project: Project, state: State) -> int:
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
-        record = resolution_for(project, version, patch.name)
+        record = resolution_for(project, version, patch.name, d["old_pin"]["version"])
         if rev.returncode == 0 or pr_hit:
             why = (
                 [f"upstream commit: {pr_hit}"]
@@ -421,6 +444,7 @@ def _finish(project: Project, state: State) -> int:
     new_pin = Pin(**d["new_pin"])
     toml = project.root / STACK_TOML
     toml.write_text(render_stack_toml(toml.read_text(), new_pin))
+    after_pin_moved(project, new_pin)
     mark_synced(repo)
     recorded = record_resolutions(project, d)
     d["timings"]["export"] = time.perf_counter() - t
@@ -510,7 +534,11 @@ def _project_files_dirty(project: Project) -> list[str]:
 
 
 def cmd_rebase(
-    project: Project, onto: str, git_path: str | None = None, wheel: str | None = None
+    project: Project,
+    onto: str,
+    git_path: str | None = None,
+    wheel: str | None = None,
+    wheel_index: str | None = None,
 ) -> int:
     if State.load(project):
         raise VstackError(
@@ -538,7 +566,9 @@ def cmd_rebase(
     applied_tip(project, old_base, patches)
     work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
     timings: dict[str, float] = {}
-    new_base, new_pin = _target_base(project, onto, git_path, wheel, timings)
+    new_base, new_pin = _target_base(
+        project, onto, git_path, wheel, timings, wheel_index
+    )
     if new_base.commit == old_base.commit:
         raise VstackError(
             f"{onto} is the current base ({old_base.commit[:12]}); nothing to do"
