@@ -1,559 +1,329 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Main-thread cost of async EPLB per decode step: vLLM 0.33.0 vs patched.
+"""Async EPLB on the decode critical path: stock vLLM vs this tree, one run.
 
-Drives the real ``EplbState`` (``add_model`` with a synthetic MoE model of
-DeepSeek-V4-Flash-like shapes: 43 MoE layers, 256 logical experts, 288
-physical slots) on gloo ranks through ordinary steps, a trigger step and a
-full async migration, once against the unpatched 0.33.0 tree and once against
-the patched tree, each in its own subprocess, and prints both side by side.
+Each implementation runs in its own process group (PYTHONPATH pointing at its
+vLLM tree) of forked CPU gloo ranks. Every rank drives the real EplbState and
+async worker in a decode loop whose "forward" holds the GIL for Python work
+(input preparation and sampling bookkeeping as real Python loops) and runs
+torch ops, with one collective per step as decode has. Nothing sleeps.
 
-Per step it times ``EplbState.step()`` on the main thread (wall and thread
-CPU time) and counts host-blocking ops issued by the main thread with the
-instrument shared with the tests
-(``tests/distributed/eplb/eplb_async_helpers.py`` of the patched tree).
+Per rank it reports the decode step time (forward + EplbState.step() + the
+step's collective) in steady state and during migrations, the collectives the
+main thread issues inside EplbState.step() per migration step, the steps per
+migration cycle, and the bytes EPLB holds or allocates on the weights' device.
 
-The 0.33.0 async worker cannot run without an accelerator; its run gets
-test-side seams only (a no-op stream object, CpuGpuEvent without device
-events, no-op ``device_stream``), none of which touches the main-thread path
-being measured.
-
-Usage (in scripts/test's environment):
-  python benchmarks/eplb_async_critical_path.py \
-      [--base TREE] [--patched TREE] [--ranks 4] [--step-ms 20] [--staged-layers 4]
-
-Without --base/--patched both trees are checked out from the stack repository
-(.vstack/repo): the pinned base, and the base with patches/series applied.
+Usage:
+    python benchmarks/eplb_async_critical_path.py \
+        --stock-tree /work/base034/.vstack/repo --patched-tree .
 """
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
 import time
 
-NUM_LAYERS = 43
-NUM_LOGICAL = 256
-NUM_PHYSICAL = 288
-ORDINARY_STEPS = 30
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results", "eplb_async_critical_path.json")
 
 
 def _percentile(values, q):
+    values = sorted(values)
     if not values:
         return float("nan")
-    values = sorted(values)
     idx = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
     return values[idx]
 
 
-def _summary(times_s):
-    ms = [t * 1e3 for t in times_s]
+def _summary(values):
     return {
-        "n": len(ms),
-        "p50_ms": _percentile(ms, 50),
-        "p99_ms": _percentile(ms, 99),
-        "max_ms": max(ms) if ms else float("nan"),
+        "n": len(values),
+        "p50_ms": 1e3 * _percentile(values, 50),
+        "p99_ms": 1e3 * _percentile(values, 99),
+        "max_ms": 1e3 * max(values) if values else float("nan"),
     }
 
 
 # ---------------------------------------------------------------------------
-# Rank side (runs in the subprocess, one process per gloo rank)
+# Rank side (runs under the implementation's PYTHONPATH)
 # ---------------------------------------------------------------------------
 
 
-def _install_base_cpu_seams():
-    """Let the 0.33.0 async worker run without an accelerator."""
+def _forward(x, w, num_requests):
+    """One decode step: Python input prep, torch ops, Python sampling."""
     import torch
-    from vllm.distributed.eplb import (
-        async_worker,
-        eplb_communicator,
-        eplb_state,
-        eplb_utils,
-        rebalance_execute,
-    )
 
-    class HostStream:
-        def synchronize(self):
-            pass  # host tensor ops are synchronous
-
-    @contextlib.contextmanager
-    def no_stream(stream):
-        yield
-
-    for mod in (async_worker, eplb_communicator, rebalance_execute, eplb_utils):
-        mod.device_stream = no_stream
-
-    def start_async_worker(state, is_profile=False):
-        def target():
-            try:
-                async_worker.transfer_run_periodically(
-                    state=state, stream=HostStream(), is_profile=is_profile
-                )
-            except Exception:
-                import traceback
-
-                traceback.print_exc()
-
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        return thread
-
-    eplb_state.start_async_worker = start_async_worker
-
-    def record(self, stream=None):
-        if self._recorded.is_set():
-            raise RuntimeError("record before wait")
-        self._recorded.set()
-
-    def wait(self, stream=None):
-        self._recorded.wait()
-        self._recorded.clear()
-
-    eplb_utils.CpuGpuEvent.record = record
-    eplb_utils.CpuGpuEvent.wait = wait
-    del torch
+    # Input preparation: per-request bookkeeping in Python (holds the GIL).
+    positions = []
+    for req in range(num_requests):
+        seq = [req * 7 + i for i in range(24)]
+        positions.append(sum(seq) % 4096)
+    ids = torch.tensor(positions, dtype=torch.int64)
+    # "Model": a few small torch ops.
+    h = x + ids[: x.shape[0]].unsqueeze(1).to(x.dtype) * 1e-6
+    for _ in range(4):
+        h = torch.tanh(h @ w)
+    # Sampling bookkeeping.
+    probs = torch.softmax(h.sum(dim=1), dim=0)
+    out = probs.argmax().item()
+    stops = {}
+    for req in range(num_requests):
+        stops[req] = (out + req) % 13 == 0
+    return h, stops
 
 
-def _rank_main(rank, args, port, out_path):
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    sys.path.insert(0, os.path.join(args.patched, "tests", "distributed", "eplb"))
+class _MainThreadCollectives:
+    def __init__(self):
+        import torch.distributed as dist
+        import vllm.distributed.eplb.eplb_state as eplb_state_module
+        from vllm.distributed.parallel_state import GroupCoordinator
+
+        self.count = 0
+        self.active = False
+        self.thread = threading.current_thread()
+        targets = [
+            (dist, n)
+            for n in ("all_reduce", "barrier", "broadcast", "all_gather", "send")
+        ]
+        targets += [
+            (dist, "recv"),
+            (dist, "batch_isend_irecv"),
+            (eplb_state_module, "all_reduce"),
+            (GroupCoordinator, "cpu_all_reduce_"),
+        ]
+        for owner, name in targets:
+            setattr(owner, name, self._wrap(getattr(owner, name)))
+
+    def _wrap(self, fn):
+        def wrapper(*args, **kwargs):
+            if self.active and threading.current_thread() is self.thread:
+                self.count += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def _rank_scenario(rank, world_size, cfg):
     import torch
+    import torch.distributed as dist
     from eplb_async_helpers import (
         FakeMoEModel,
-        HostBlockingOpCounter,
-        check_weights_match_maps,
-        init_eplb_groups,
-        skewed_load,
+        arm_trigger,
+        make_eplb_state,
+        model_state,
     )
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    torch.set_num_threads(1)
-    if args.variant == "base":
-        _install_base_cpu_seams()
-    init_eplb_groups(rank, args.ranks, port)
+    class _AllocBytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bytes = 0
+            self.thread = threading.current_thread()
 
-    from types import SimpleNamespace
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            from torch.utils._pytree import tree_leaves
 
-    from vllm.config import ParallelConfig
-    from vllm.config.parallel import EPLBConfig
-    from vllm.distributed.eplb.eplb_state import EplbState
+            out = func(*args, **(kwargs or {}))
+            if threading.current_thread() is self.thread:
+                inputs = {
+                    t.untyped_storage().data_ptr()
+                    for t in tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)
+                }
+                for t in tree_leaves(out):
+                    if (
+                        isinstance(t, torch.Tensor)
+                        and t.device.type == "cpu"
+                        and t.untyped_storage().data_ptr() not in inputs
+                    ):
+                        self.bytes += t.untyped_storage().nbytes()
+            return out
 
+    torch.manual_seed(0)
+    specs = ((cfg["row_elems"], torch.bfloat16), (cfg["row_elems"] // 2, torch.uint8))
     model = FakeMoEModel(
-        NUM_LAYERS, NUM_LOGICAL, NUM_PHYSICAL, args.ranks, rank, row_scale=4
+        world_size,
+        rank,
+        num_layers=cfg["layers"],
+        num_logical=cfg["logical"],
+        num_physical=cfg["physical"],
+        specs=specs,
     )
-    kwargs = dict(
-        window_size=8,
-        step_interval=100_000,
-        num_redundant_experts=NUM_PHYSICAL - NUM_LOGICAL,
-        use_async=True,
-        communicator="torch_gloo",
-    )
-    if args.variant == "patched":
-        kwargs["async_staged_layers"] = args.staged_layers
-    parallel_config = ParallelConfig()
-    parallel_config.eplb_config = EPLBConfig(**kwargs)
-    state = EplbState(parallel_config, torch.device("cpu"))
-    state.add_model(model, SimpleNamespace(model="fake", compute_hash=lambda: "f"))
+    kwargs = {}
+    if cfg["staged_layers"] is not None:
+        kwargs["async_staged_layers"] = cfg["staged_layers"]
+    state = make_eplb_state(model, use_async=True, **kwargs)
+    ms = model_state(state)
+    eplb_bytes = sum(b.numel() * b.element_size() for b in ms.expert_buffer)
+    for slot in getattr(ms, "staging_slots", [])[1:]:
+        eplb_bytes += sum(b.numel() * b.element_size() for b in slot.buffers)
     state.start_async_loop()
-    ms = next(iter(state.model_states.values()))
+    counter = _MainThreadCollectives()
+    x = torch.randn(64, 128)
+    w = torch.randn(128, 128) * 0.05
+    steady, migration, collectives, cycles, alloc = [], [], [], [], 0
 
-    counter = HostBlockingOpCounter()
-    counter.install()
-    records = []
-
-    def timed_step(phase):
-        in_flight = ms.rebalanced
-        before = ms.physical_to_logical_map.clone()
-        with counter.counting():
-            # Timed inside the counting region so that entering the mode is
-            # not part of the measurement (its per-op overhead still is, for
-            # both trees alike).
-            wall0, cpu0 = time.perf_counter(), time.thread_time()
+    def decode_step(record):
+        nonlocal alloc
+        t0 = time.perf_counter()
+        _forward(x, w, cfg["requests"])
+        counter.active, counter.count = True, 0
+        mode = _AllocBytes()
+        with mode:
             state.step()
-            wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
-        applied = int((ms.physical_to_logical_map != before).any(dim=1).sum().item())
-        records.append(
-            {
-                "phase": phase,
-                "wall_s": wall,
-                "cpu_s": cpu,
-                "in_flight": in_flight,
-                "layers_applied": applied,
-                "blocking": dict(counter.take()),
-            }
-        )
-        time.sleep(args.step_ms[0] / 1e3)  # the forward pass of a decode step
+        counter.active = False
+        done = torch.tensor([int(ms.rebalanced)])
+        dist.all_reduce(done)  # decode is collective: one per step
+        elapsed = time.perf_counter() - t0
+        if record is not None:
+            record.append(elapsed)
+        return int(done), counter.count, mode.bytes
 
-    # Line the ranks up so that start-up skew does not land in the trigger
-    # step's all_reduce (ordinary steps have no collective to absorb it).
-    torch.distributed.barrier()
-    for _ in range(ORDINARY_STEPS):
-        timed_step("ordinary")
-    for migration in range(args.migrations):
-        # Line the ranks up so that skew does not land in the trigger step's
-        # all_reduce (ordinary steps have no collective to absorb it).
-        torch.distributed.barrier()
-        ms.expert_load_window.copy_(
-            skewed_load(
-                NUM_LAYERS, NUM_PHYSICAL, 7 + migration, state.expert_load_window_size
-            )
-        )
-        state.expert_rearrangement_step = state.expert_rearrangement_step_interval - 1
-        timed_step("trigger")
-        for _ in range(2000):
-            timed_step("migration")
-            if not ms.rebalanced:
+    for _ in range(cfg["warmup"]):
+        decode_step(None)
+    for cycle in range(cfg["cycles"]):
+        for _ in range(cfg["steady_steps"]):
+            decode_step(steady)
+        arm_trigger(state, seed=100 + cycle)
+        decode_step(None)  # the trigger step: load all_reduce + rearrange()
+        steps = 1
+        while True:
+            busy, count, nbytes = decode_step(migration)
+            collectives.append(count)
+            alloc = max(alloc, nbytes)
+            steps += 1
+            if busy == 0 or steps > 2000:
                 break
-        else:
-            raise RuntimeError("migration did not finish")
-        for _ in range(ORDINARY_STEPS):
-            timed_step("ordinary")
-    counter.uninstall()
-    check_weights_match_maps(model, ms, rank)
-    final_map = ms.physical_to_logical_map.clone()
-    # Every rank's steps are samples: each rank's main thread is on the
-    # critical path of the step (the slowest one sets the pace).
-    torch.save({"records": records, "final_map": final_map}, f"{out_path}.{rank}")
-    torch.distributed.barrier()
-
-
-def _run_variant(args):
-    import torch.multiprocessing as mp
-
-    sys.path.insert(0, os.path.join(args.patched, "tests", "distributed", "eplb"))
-    from eplb_async_helpers import free_port
-
-    mp.start_processes(
-        _rank_main,
-        args=(args, free_port(), args.out),
-        nprocs=args.ranks,
-        start_method="spawn",
-    )
-
-
-# ---------------------------------------------------------------------------
-# Orchestrator
-# ---------------------------------------------------------------------------
-
-
-def _analyse(records):
-    ordinary = [r for r in records if r["phase"] == "ordinary"]
-    migration = [r for r in records if r["phase"] == "migration"]
-    trigger = [r for r in records if r["phase"] == "trigger"]
-    apply_steps = [r for r in migration if r["layers_applied"]]
-
-    def blocking_per_step(rs):
-        totals = [sum(r["blocking"].values()) for r in rs]
-        kinds = {}
-        for r in rs:
-            for k, v in r["blocking"].items():
-                kinds[k] = kinds.get(k, 0) + v
-        return {
-            "max_per_step": max(totals) if totals else 0,
-            "mean_per_step": sum(totals) / len(totals) if totals else 0.0,
-            "by_kind_total": kinds,
-        }
-
+        cycles.append(steps)
     return {
-        "ordinary_wall": _summary([r["wall_s"] for r in ordinary]),
-        "migration_wall": _summary([r["wall_s"] for r in migration]),
-        "migration_cpu": _summary([r["cpu_s"] for r in migration]),
-        "apply_step_wall": _summary([r["wall_s"] for r in apply_steps]),
-        "trigger_wall_ms": max(r["wall_s"] for r in trigger) * 1e3 if trigger else None,
-        # Per migration on one rank (the ranks step together); one trigger
-        # step per migration and rank.
-        "migrations_x_ranks": len(trigger),
-        "migration_steps_in_flight": len(migration) / max(1, len(trigger)),
-        "migration_steps_applying": len(apply_steps) / max(1, len(trigger)),
-        "max_layers_per_step": max(
-            (r["layers_applied"] for r in apply_steps), default=0
-        ),
-        "blocking_ordinary": blocking_per_step(ordinary),
-        "blocking_migration": blocking_per_step(migration),
-        "blocking_trigger": blocking_per_step(trigger),
+        "steady": steady,
+        "migration": migration,
+        "collectives_per_migration_step": sum(collectives) / max(1, len(collectives)),
+        "steps_per_cycle": cycles,
+        "eplb_buffer_bytes": eplb_bytes,
+        "max_step_alloc_bytes": alloc,
     }
+
+
+def _run_impl(name, cfg, out_path):
+    sys.path.insert(0, os.path.join(cfg["patched_tree"], "tests/distributed/eplb"))
+    import vllm
+    from eplb_async_helpers import run_ranks
+
+    results = run_ranks(cfg["ranks"], _rank_scenario, timeout_s=600, cfg=cfg)
+    with open(out_path, "w") as f:
+        json.dump({"impl": name, "vllm": vllm.__file__, "ranks": results}, f)
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+def _launch(name, tree, staged_layers, args, tmp):
+    cfg = {
+        "ranks": args.ranks,
+        "layers": args.layers,
+        "logical": args.logical,
+        "physical": args.physical,
+        "row_elems": args.row_elems,
+        "requests": args.requests,
+        "warmup": args.warmup,
+        "steady_steps": args.steady_steps,
+        "cycles": args.cycles,
+        "staged_layers": staged_layers,
+        "patched_tree": os.path.abspath(args.patched_tree),
+    }
+    out = os.path.join(tmp, f"{name}.json")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), VLLM_TARGET_DEVICE="cpu")
+    code = (
+        f"import json, sys; sys.path.insert(0, {HERE!r}); "
+        "import eplb_async_critical_path as b; "
+        f"b._run_impl({name!r}, json.loads({json.dumps(cfg)!r}), {out!r})"
+    )
+    # Run outside both trees, so only PYTHONPATH decides which vLLM loads.
+    subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, timeout=900, cwd=tmp
+    )
+    with open(out) as f:
+        return json.load(f)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", help="unpatched vLLM source tree")
-    parser.add_argument("--patched", help="patched vLLM source tree")
-    parser.add_argument("--ranks", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--step-ms",
-        type=float,
-        nargs="+",
-        default=[50.0, 150.0],
-        help="simulated forward time per decode step; one run per value",
+        "--stock-tree", required=True, help="a vLLM tree at stock 0.34.0"
     )
-    parser.add_argument("--staged-layers", type=int, default=4)
-    parser.add_argument(
-        "--migrations",
-        type=int,
-        default=3,
-        help="full migrations per run (different load windows); more samples",
-    )
-    parser.add_argument(
-        "--json",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)),
-            "results",
-            "eplb_async_critical_path.json",
-        ),
-    )
-    parser.add_argument(
-        "--variant", choices=["base", "patched"], help=argparse.SUPPRESS
-    )
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--patched-tree", default=os.path.dirname(HERE))
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=43)
+    parser.add_argument("--logical", type=int, default=12)
+    parser.add_argument("--physical", type=int, default=16)
+    parser.add_argument("--row-elems", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steady-steps", type=int, default=150)
+    parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
+    import tempfile
 
-    if args.variant:
-        _run_variant(args)
-        return
-
-    with contextlib.ExitStack() as trees:
-        if not (args.base and args.patched):
-            base, patched = _stack_trees(trees)
-            args.base, args.patched = args.base or base, args.patched or patched
-        _main(args)
-
-
-def _stack_trees(stack: contextlib.ExitStack) -> tuple[str, str]:
-    """Worktrees of the pinned base and of the applied series, from vstack."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(root, "src"))
-    from vstack import gitutil
-    from vstack.base import ensure_base
-    from vstack.config import load_project
-    from vstack.export import applied_tip
-    from vstack.series import series_paths
-
-    project = load_project(__import__("pathlib").Path(root))
-    base = ensure_base(project)
-    tip = applied_tip(project, base, series_paths(project.patches_dir))
-    trees = [
-        str(stack.enter_context(gitutil.temp_worktree(project.repo, rev, project.cache)))
-        for rev in (base.commit, tip)
+    runs = [
+        ("stock 0.34.0", args.stock_tree, None),
+        ("patched, staged=1", args.patched_tree, 1),
+        (f"patched, staged={args.layers}", args.patched_tree, args.layers),
     ]
-    return trees[0], trees[1]
-
-
-def _main(args):
-    import torch
-
-    runs = []
-    for step_ms in args.step_ms:
-        runs.append(_compare(args, step_ms, torch))
-    report = {
-        "command": " ".join(["python"] + sys.argv),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "processor": platform.processor(),
-            "cores": os.cpu_count(),
-            "note": "CPU only, not measured on GPU; 2-core VM shared with other "
-            "jobs; gloo weight transfers, not NVLink",
-        },
-        "summary": _headline(runs),
-        "runs": runs,
-    }
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
+    report = {"config": vars(args), "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, tree, staged) in enumerate(runs):
+            print(f"running {name} ...", flush=True)
+            raw = _launch(f"run{i}", tree, staged, args, tmp)
+            ranks = []
+            for rank, (status, value) in enumerate(raw["ranks"]):
+                if status != "ok":
+                    raise SystemExit(f"{name} rank {rank} failed: {value}")
+                steady = _summary(value["steady"])
+                migr = _summary(value["migration"])
+                ranks.append(
+                    {
+                        "rank": rank,
+                        "steady": steady,
+                        "migration": migr,
+                        "p99_ratio": migr["p99_ms"] / steady["p99_ms"],
+                        "collectives_per_migration_step": value[
+                            "collectives_per_migration_step"
+                        ],
+                        "steps_per_cycle": value["steps_per_cycle"],
+                        "eplb_buffer_bytes": value["eplb_buffer_bytes"],
+                        "max_step_alloc_bytes": value["max_step_alloc_bytes"],
+                    }
+                )
+            print(f"  vllm loaded from {raw['vllm']}", flush=True)
+            report["runs"].append({"name": name, "vllm": raw["vllm"], "ranks": ranks})
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"wrote {args.json}")
-
-
-def _headline(runs):
-    """Headline numbers per simulated step time, 0.33.0 -> patched."""
-    out = {}
-    for run in runs:
-        b, p = run["results"]["base"], run["results"]["patched"]
-        tag = f"{run['shapes']['step_ms']:g} ms/step"
-        out[f"{tag}: migration step p99 ms (0.33.0 / patched)"] = (
-            f"{b['migration_wall']['p99_ms']:.2f} / {p['migration_wall']['p99_ms']:.2f}"
-            f" ({run['migration_p99_ratio']:.1f}x)"
-        )
-        out[f"{tag}: host-blocking ops per migration step, max"] = (
-            f"{b['blocking_migration']['max_per_step']} / "
-            f"{p['blocking_migration']['max_per_step']}"
-        )
-        out[f"{tag}: steps applying layers per migration (43 layers)"] = (
-            f"{b['migration_steps_applying']:.1f} / {p['migration_steps_applying']:.1f}"
-        )
-        out[f"{tag}: final maps identical"] = run["final_maps_identical"]
-    return out
-
-
-def _compare(args, step_ms, torch):
-    results = {}
-    for variant, tree in (("base", args.base), ("patched", args.patched)):
-        out = f"/tmp/eplb_async_critical_path_{variant}_{os.getpid()}.pt"
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--variant",
-            variant,
-            "--out",
-            out,
-            "--base",
-            args.base,
-            "--patched",
-            args.patched,
-            "--ranks",
-            str(args.ranks),
-            "--step-ms",
-            str(step_ms),
-            "--staged-layers",
-            str(args.staged_layers),
-            "--migrations",
-            str(args.migrations),
-        ]
-        env = dict(os.environ, PYTHONPATH=tree, VLLM_TARGET_DEVICE="cpu")
-        print(f"running {variant} ({tree}) ...", flush=True)
-        start = time.monotonic()
-        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-        records, final_map = [], None
-        for rank in range(args.ranks):
-            data = torch.load(f"{out}.{rank}", weights_only=False)
-            os.remove(f"{out}.{rank}")
-            records += data["records"]
-            final_map = data["final_map"] if final_map is None else final_map
-        results[variant] = _analyse(records)
-        results[variant]["final_map"] = final_map
-        results[variant]["run_s"] = time.monotonic() - start
-
-    same_map = bool(
-        torch.equal(
-            results["base"].pop("final_map"), results["patched"].pop("final_map")
-        )
+    header = (
+        f"{'run':<20}{'rk':>3}{'steady p50/p99/max ms':>24}"
+        f"{'migration p50/p99/max ms':>27}{'p99 x':>7}{'coll/step':>10}"
+        f"{'steps/cycle':>13}{'EPLB bytes':>12}{'step alloc B':>13}"
     )
-    b, p = results["base"], results["patched"]
-
-    def fmt(x):
-        return f"{x:.3f}" if isinstance(x, float) else str(x)
-
-    rows = [
-        (
-            "ordinary step p50 ms",
-            b["ordinary_wall"]["p50_ms"],
-            p["ordinary_wall"]["p50_ms"],
-        ),
-        (
-            "ordinary step p99 ms",
-            b["ordinary_wall"]["p99_ms"],
-            p["ordinary_wall"]["p99_ms"],
-        ),
-        (
-            "ordinary step max ms",
-            b["ordinary_wall"]["max_ms"],
-            p["ordinary_wall"]["max_ms"],
-        ),
-        (
-            "migration step p50 ms",
-            b["migration_wall"]["p50_ms"],
-            p["migration_wall"]["p50_ms"],
-        ),
-        (
-            "migration step p99 ms",
-            b["migration_wall"]["p99_ms"],
-            p["migration_wall"]["p99_ms"],
-        ),
-        (
-            "migration step max ms",
-            b["migration_wall"]["max_ms"],
-            p["migration_wall"]["max_ms"],
-        ),
-        (
-            "migration step p99 CPU ms",
-            b["migration_cpu"]["p99_ms"],
-            p["migration_cpu"]["p99_ms"],
-        ),
-        (
-            "applying step p99 ms",
-            b["apply_step_wall"]["p99_ms"],
-            p["apply_step_wall"]["p99_ms"],
-        ),
-        ("trigger step ms", b["trigger_wall_ms"], p["trigger_wall_ms"]),
-        (
-            "steps with migration in flight",
-            b["migration_steps_in_flight"],
-            p["migration_steps_in_flight"],
-        ),
-        (
-            "steps applying layers",
-            b["migration_steps_applying"],
-            p["migration_steps_applying"],
-        ),
-        (
-            "max layers applied in one step",
-            b["max_layers_per_step"],
-            p["max_layers_per_step"],
-        ),
-        (
-            "blocking ops / ordinary step (max)",
-            b["blocking_ordinary"]["max_per_step"],
-            p["blocking_ordinary"]["max_per_step"],
-        ),
-        (
-            "blocking ops / migration step (max)",
-            b["blocking_migration"]["max_per_step"],
-            p["blocking_migration"]["max_per_step"],
-        ),
-        (
-            "blocking ops / migration step (mean)",
-            b["blocking_migration"]["mean_per_step"],
-            p["blocking_migration"]["mean_per_step"],
-        ),
-        (
-            "blocking ops on trigger step",
-            b["blocking_trigger"]["max_per_step"],
-            p["blocking_trigger"]["max_per_step"],
-        ),
-    ]
-    width = max(len(r[0]) for r in rows)
-    print(
-        f"\nEPLB async critical path: L={NUM_LAYERS} NLOG={NUM_LOGICAL} "
-        f"P={NUM_PHYSICAL}, {args.ranks} gloo ranks, {step_ms} ms/step "
-        f"simulated forward, staged layers {args.staged_layers} (patched)"
-    )
-    print(f"{'metric':<{width}}  {'0.33.0':>10}  {'patched':>10}  {'ratio':>8}")
-    for name, bv, pv in rows:
-        ratio = ""
-        if isinstance(bv, (int, float)) and isinstance(pv, (int, float)) and pv:
-            ratio = f"{bv / pv:.1f}x"
-        print(f"{name:<{width}}  {fmt(bv):>10}  {fmt(pv):>10}  {ratio:>8}")
-    print("blocking ops by kind, migration steps (total):")
-    print(f"  0.33.0 : {b['blocking_migration']['by_kind_total']}")
-    print(f"  patched: {p['blocking_migration']['by_kind_total']}")
-    print(f"final maps identical: {same_map}")
-
-    p99_ratio = b["migration_wall"]["p99_ms"] / p["migration_wall"]["p99_ms"]
-    print(f"migration p99 ratio {p99_ratio:.1f}x")
-    return {
-        "shapes": {
-            "layers": NUM_LAYERS,
-            "logical": NUM_LOGICAL,
-            "physical": NUM_PHYSICAL,
-            "ranks": args.ranks,
-            "step_ms": step_ms,
-            "staged_layers": args.staged_layers,
-        },
-        "results": results,
-        "migration_p99_ratio": p99_ratio,
-        "final_maps_identical": same_map,
-        "targets": {
-            "zero_blocking_ops_per_step": (
-                p["blocking_migration"]["max_per_step"] == 0
-                and p["blocking_ordinary"]["max_per_step"] == 0
-            ),
-            "migration_p99_30x": p99_ratio >= 30,
-            "fewer_migration_steps_than_layers": (
-                p["migration_steps_applying"] < NUM_LAYERS
-            ),
-        },
-    }
+    print(header)
+    for run in report["runs"]:
+        for r in run["ranks"]:
+            s, m = r["steady"], r["migration"]
+            print(
+                f"{run['name']:<20}{r['rank']:>3}"
+                f"{s['p50_ms']:>8.2f}/{s['p99_ms']:.2f}/{s['max_ms']:.2f}".ljust(47)
+                + f"{m['p50_ms']:>8.2f}/{m['p99_ms']:.2f}/{m['max_ms']:.2f}".ljust(27)
+                + f"{r['p99_ratio']:>7.2f}{r['collectives_per_migration_step']:>10.2f}"
+                f"{str(r['steps_per_cycle']):>13}{r['eplb_buffer_bytes']:>12}"
+                f"{r['max_step_alloc_bytes']:>13}"
+            )
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,24 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""MegaMoE EPLB replica rules over DEP32-like traffic, and launch counts.
+"""EPLB replica-selection rules over DEP32-like traffic, checked on the kernels.
 
 1. Simulates DEP32 decode traffic (32 EP ranks, 384 logical experts, 32
    redundant slots placed by vLLM's default EPLB policy from a skewed load
    distribution; 1-12 rows per rank, or DSpark verify of 6 tokens per request)
    and reports max/mean tokens per physical slot and per rank for every
-   ``EPLBConfig.replica_selection`` rule. The rules are the torch references
-   of tests/kernels/moe/megamoe_eplb_utils.py that the kernel tests check the
-   staging kernel against; the script cross-checks them against the kernel
-   once more on a DEP32 table.
-2. Counts kernel launches per MoE layer in DeepGemmMegaMoEExperts.forward's
-   EPLB path before (0.33.0's forward file) and after (the patched one), on
-   CPU under the Triton interpreter with DeepGEMM faked.
+   ``EPLBConfig.replica_selection`` rule, using the torch reference
+   ``choose_replicas`` below.
+2. Cross-checks that reference against both callers of vLLM's
+   ``eplb_map_and_record`` (the router kernel and MegaMoE's mxfp8 input
+   staging) on DEP32 tables for several EP ranks, so the simulated rule is
+   the one the kernels run. On CPU the kernels run under the Triton
+   interpreter.
 
-Run with the patched vLLM installed (scripts/test's environment) after
-scripts/test has extracted the series' tests into .vstack/stack-tests, or with
-a patched source tree on PYTHONPATH:
-    VLLM_TARGET_DEVICE=cpu <test-env>/bin/python benchmarks/megamoe_replica_rules.py
+Run with the patched vLLM installed (scripts/test's environment) or with a
+patched source tree on PYTHONPATH:
+    VLLM_TARGET_DEVICE=cpu PYTHONPATH=<patched vllm tree> \
+        python benchmarks/megamoe_replica_rules.py --steps 200
 """
 
 import os
@@ -26,42 +26,80 @@ import os
 import torch
 
 if not torch.accelerator.is_available():
+    # The interpreter has to be chosen before vLLM (and Triton) is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
-from contextlib import ExitStack  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import vllm  # noqa: E402
-
-STACK_ROOT = Path(__file__).resolve().parents[1]
-# The test helpers live in the series' tests/ tree: beside a source checkout's vllm/,
-# or where scripts/test extracts them for the installed wheel.
-VLLM_ROOT = Path(vllm.__file__).resolve().parent.parent
-if not (VLLM_ROOT / "tests" / "kernels" / "moe").is_dir():
-    VLLM_ROOT = STACK_ROOT / ".vstack" / "stack-tests"
-sys.path.insert(0, str(VLLM_ROOT))
-
-from tests.kernels.moe.megamoe_eplb_utils import (  # noqa: E402
-    MAP_WIDTH,
-    REPLICA_RULES,
-    LaunchCounter,
-    choose_replicas,
-    load_reference_router,
-    make_cpu_megamoe_layer,
-    staging_buffers,
-)
+from vllm.distributed.eplb.eplb_state import EplbLayerState  # noqa: E402
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy  # noqa: E402
+from vllm.model_executor.layers.fused_moe.eplb_triton import (  # noqa: E402
+    REPLICA_RULES,
+    replica_rule_args,
+)
+from vllm.model_executor.layers.fused_moe.prepare_megamoe import (  # noqa: E402
+    prepare_megamoe_inputs,
+)
+from vllm.model_executor.layers.fused_moe.router import base_router  # noqa: E402
 
 RANKS, LOGICAL, REDUNDANT, TOP_K = 32, 384, 32, 6
 PHYSICAL = LOGICAL + REDUNDANT
 SLOTS_PER_RANK = PHYSICAL // RANKS
+# EplbState pads every logical_to_physical_map row to R + 1 (1024 only with
+# elastic EP); the kernels take the width at run time.
+MAP_WIDTH = REDUNDANT + 1
+# floor(2^32 / phi): the multiplier of vLLM's replica hash.
+KNUTH_MULTIPLIER = 2654435769
+HIDDEN = 128
+CHECK_SITES = ("router", "mxfp8")
+CHECK_RANKS = (0, 17, 31)
+DEVICE = (
+    torch.accelerator.current_accelerator().type
+    if torch.accelerator.is_available()
+    else "cpu"
+)
+
+
+def choose_replicas(
+    rule: str,
+    rows: torch.Tensor,
+    ids: torch.Tensor,
+    logical_to_physical_map: torch.Tensor,
+    logical_replica_count: torch.Tensor,
+    ep_rank: int = 0,
+    experts_per_rank: int = 1,
+) -> torch.Tensor:
+    """Slot each ``EPLBConfig.replica_selection`` rule picks for valid ids.
+
+    "hash" is vLLM's ``((row * K) & 0xFFFFFFFF) % max(count, 1)``. ``rows``
+    (the row on the sending rank) broadcasts against ``ids``, which must all
+    lie in ``[0, num_logical)``.
+    """
+    counts = logical_replica_count[ids].clamp(min=1)
+    hashed = (rows.to(torch.int64) * KNUTH_MULTIPLIER) & 0xFFFFFFFF
+    if rule != "hash":
+        hashed = hashed + ep_rank
+    physical = logical_to_physical_map[ids, hashed % counts]
+    if rule == "local_first":
+        width = int(counts.max()) if counts.numel() else 0
+        replicas = logical_to_physical_map[ids][..., :width]
+        live = torch.arange(width) < counts[..., None]
+        is_local = live & (replicas >= 0) & (replicas // experts_per_rank == ep_rank)
+        first_local = torch.where(is_local.any(-1), is_local.int().argmax(-1), -1)
+        local = replicas.gather(-1, first_local.clamp(min=0)[..., None])[..., 0]
+        physical = torch.where(first_local >= 0, local, physical)
+    elif rule not in ("hash", "rank_hash"):
+        raise ValueError(f"unknown replica rule {rule!r}")
+    return physical
 
 
 def build_tables(popularity: torch.Tensor):
@@ -139,123 +177,143 @@ def simulate(args, traffic: str, zipf: float, gen: torch.Generator) -> dict:
     }
 
 
-def cross_check_kernel(gen: torch.Generator) -> int:
-    """Staging kernel vs the rule references on a DEP32 table, one rank."""
-    from vllm.model_executor.layers.fused_moe.prepare_megamoe import (
-        MegaMoEEplbArgs,
-        prepare_megamoe_inputs,
-    )
+def run_call_site(site, hidden, weights, ids, is_padding, state):
+    """Physical ids from one caller of ``eplb_map_and_record``.
 
+    Routers set padded rows' ids to -1 before the mapping; MegaMoE's staging
+    kernel takes the padding mask itself."""
+    if site == "router":
+        if is_padding is not None:
+            ids = torch.where(is_padding[:, None], -1, ids)
+        return base_router._eplb_map_and_record_triton(
+            ids,
+            state.logical_to_physical_map,
+            state.logical_replica_count,
+            state.expert_load_view,
+            state.should_record_tensor,
+            state.num_unpadded_tokens_tensors[0],
+            replica_rule_args=replica_rule_args(state),
+        )
+    num_tokens = hidden.shape[0]
+    topk_idx = torch.full((num_tokens, TOP_K), -7, dtype=torch.int64, device=DEVICE)
+    prepare_megamoe_inputs(
+        hidden,
+        weights,
+        ids,
+        torch.empty((num_tokens, HIDDEN), dtype=torch.float8_e4m3fn, device=DEVICE),
+        torch.zeros((num_tokens, HIDDEN // 128), dtype=torch.int32, device=DEVICE),
+        topk_idx,
+        torch.empty((num_tokens, TOP_K), device=DEVICE),
+        is_padding=is_padding,
+        eplb_state=state,
+    )
+    return topk_idx
+
+
+def cross_check_kernels(gen: torch.Generator, seed: int) -> dict:
+    """Router kernel and mxfp8 staging vs ``choose_replicas`` on DEP32 tables."""
+    # Drawn from the simulation's generator first, as in the 0.33.0 version
+    # of this script, so that the simulated traffic stays the same.
     popularity = torch.rand(LOGICAL, generator=gen, dtype=torch.float64) ** 4
     popularity /= popularity.sum()
-    mapping, counts, _ = build_tables(popularity)
-    ids = rank_tokens(gen, popularity, 12, 6)
-    hidden = torch.randn(12, 128, generator=gen).to(torch.bfloat16)
-    checked = 0
-    for rank in (0, 17):
-        for rule in REPLICA_RULES:
-            out = staging_buffers("mxfp8", 12, 128, TOP_K)
-            load = torch.zeros(PHYSICAL, dtype=torch.int32)
-            eplb = MegaMoEEplbArgs(
-                mapping,
-                counts,
-                load,
-                torch.tensor(True),
-                None,
-                rule,
-                rank,
-                SLOTS_PER_RANK,
-            )
-            prepare_megamoe_inputs(
-                hidden,
-                torch.rand(12, TOP_K),
-                ids,
-                out["x"],
-                out["x_sf"],
-                out["topk_idx"],
-                out["topk_weights"],
-                eplb=eplb,
-            )
-            expected = choose_replicas(
-                rule,
-                torch.arange(12)[:, None],
-                ids,
-                mapping,
-                counts,
-                rank,
-                SLOTS_PER_RANK,
-            )
-            assert torch.equal(out["topk_idx"], expected), (rule, rank)
-            assert torch.equal(
-                load, torch.bincount(expected.flatten(), minlength=PHYSICAL).int()
-            )
-            checked += 1
-    return checked
+    mapping, counts, phy2log = build_tables(popularity)
+    decode_ids = rank_tokens(gen, popularity, 12, 6)
+    decode_hidden = torch.randn(12, HIDDEN, generator=gen).to(torch.bfloat16)
 
+    # A longer batch with padding, -1 and out-of-range ids.
+    own = torch.Generator().manual_seed(seed + 1)
+    verify_ids = rank_tokens(own, popularity, 96, 6)
+    verify_ids[3, 1], verify_ids[40, 5] = -1, LOGICAL
+    verify_hidden = torch.randn(96, HIDDEN, generator=own).to(torch.bfloat16)
+    verify_padding = torch.zeros(96, dtype=torch.bool)
+    verify_padding[-5:] = True
+    batches = [
+        (decode_hidden, decode_ids, None, 12),
+        (verify_hidden, verify_ids, verify_padding, 91),
+    ]
 
-def count_launches(before_src: Path) -> dict:
-    """Kernels per MoE layer in forward's EPLB path, 0.33.0 vs patched."""
-    from vllm.model_executor.layers.fused_moe import deep_gemm_mega_moe as after
-
-    spec = importlib.util.spec_from_file_location("_megamoe_forward_0330", before_src)
-    before = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(before)
-    # On CPU the imported map function is base_router's pass-through; give the
-    # 0.33.0 forward its Triton kernel, as on a CUDA platform.
-    before.eplb_map_to_physical_and_record = (
-        load_reference_router().eplb_map_to_physical_and_record
-    )
-    num_tokens = 12
-    is_padding = torch.zeros(num_tokens, dtype=torch.bool)
-    is_padding[-2:] = True
-    gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(num_tokens, 128, generator=gen).to(torch.bfloat16)
-    ids = torch.randint(0, 16, (num_tokens, TOP_K), generator=gen)
-    weights = torch.rand(num_tokens, TOP_K, generator=gen)
-    results = {}
-    for fmt in ("mxfp8", "nvfp4"):
-        staged = {}
-        for name, module in (("before", before), ("after", after)):
-            with ExitStack() as stack:
-                layer, launched = make_cpu_megamoe_layer(
-                    stack,
-                    module,
-                    fmt,
-                    num_logical=16,
-                    top_k=TOP_K,
-                    replica_counts=[2, 3, 1, 4] * 4,
-                    num_unpadded=num_tokens - 2,
-                    is_padding=is_padding,
+    has_local = torch.zeros(RANKS, LOGICAL, dtype=torch.bool)
+    has_local[torch.arange(PHYSICAL) // SLOTS_PER_RANK, phy2log] = True
+    cases = lanes = 0
+    differs = {rule: 0 for rule in REPLICA_RULES}
+    for hidden, ids, is_padding, num_unpadded in batches:
+        weights = torch.rand(ids.shape, generator=own)
+        routed = (ids >= 0) & (ids < LOGICAL)
+        if is_padding is not None:
+            routed &= ~is_padding[:, None]
+        rows = torch.arange(ids.shape[0])[:, None]
+        safe = torch.where(routed, ids, 0)
+        for rank in CHECK_RANKS:
+            plain = choose_replicas("hash", rows, safe, mapping, counts)
+            plain = torch.where(routed, plain, -1)
+            for rule in REPLICA_RULES:
+                expected = choose_replicas(
+                    rule, rows, safe, mapping, counts, rank, SLOTS_PER_RANK
                 )
-                with LaunchCounter().count() as counter:
-                    layer(hidden, weights, ids)
-            staged[name] = (launched[0].clone(), layer.eplb_state.expert_load_view)
-            results.setdefault(fmt, {})[name] = {
-                "triton_launches": dict(counter.triton_launches),
-                "torch_kernels": dict(counter.torch_ops),
-                "allocations": dict(counter.allocations),
-                "kernels": counter.kernels,
-            }
-        assert torch.equal(staged["before"][0], staged["after"][0])
-        assert torch.equal(staged["before"][1], staged["after"][1])
-        results[fmt]["same_ids_and_load"] = True
-    return results
+                expected = torch.where(routed, expected, -1)
+                for site in CHECK_SITES:
+                    load = torch.zeros(PHYSICAL, dtype=torch.int32, device=DEVICE)
+                    state = EplbLayerState()
+                    state.set_layer_state(
+                        0, load[None], mapping[None].to(DEVICE), counts[None].to(DEVICE)
+                    )
+                    state.should_record_tensor = torch.tensor(True, device=DEVICE)
+                    state.num_unpadded_tokens_tensors = [
+                        torch.tensor(num_unpadded, dtype=torch.int32, device=DEVICE)
+                    ]
+                    state.replica_selection, state.ep_rank = rule, rank
+                    state.experts_per_rank = SLOTS_PER_RANK
+                    chosen = run_call_site(
+                        site,
+                        *[
+                            None if t is None else t.to(DEVICE)
+                            for t in (hidden, weights, ids, is_padding)
+                        ],
+                        state,
+                    ).cpu()
+                    where = (site, rule, rank, ids.shape[0])
+                    assert torch.equal(chosen, expected), where
+                    # Checked without the reference: every routed lane lands
+                    # on a slot that holds its expert, the rest on -1 ...
+                    assert torch.equal(phy2log[chosen[routed]], ids[routed]), where
+                    assert torch.all(chosen[~routed] == -1), where
+                    # ... local_first stays on this rank where it can ...
+                    if rule == "local_first":
+                        local = routed & has_local[rank][safe]
+                        assert torch.all(chosen[local] // SLOTS_PER_RANK == rank)
+                    # ... and the load counts exactly the unpadded rows' lanes.
+                    counted = chosen[:num_unpadded]
+                    counted = counted[counted >= 0]
+                    recorded = torch.bincount(counted, minlength=PHYSICAL)
+                    assert torch.equal(load.cpu(), recorded.int()), where
+                    cases += 1
+                    lanes += int(routed.sum())
+                    differs[rule] += int((chosen != plain).sum())
+    # The rules have to disagree somewhere, or the check cannot tell them apart.
+    assert all(differs[rule] > 0 for rule in REPLICA_RULES if rule != "hash")
+    return {
+        "cases": cases,
+        "sites": list(CHECK_SITES),
+        "ep_ranks": list(CHECK_RANKS),
+        "rows_per_batch": [int(b[1].shape[0]) for b in batches],
+        "routed_lanes_checked": lanes,
+        "lanes_differing_from_hash": differs,
+    }
 
 
-def _base_file(path: str) -> Path:
-    """A file of the pinned, unpatched base, from the stack repository."""
-    import subprocess
-    import tempfile
-
-    version = vllm.__version__.split("+")[0]
-    data = subprocess.run(
-        ["git", "-C", str(STACK_ROOT / ".vstack" / "repo"), "show",
-         f"base/{version}:{path}"],
-        check=True, capture_output=True,
-    ).stdout  # fmt: skip
-    out = Path(tempfile.mkdtemp()) / Path(path).name
-    out.write_bytes(data)
-    return out
+def vllm_provenance() -> dict:
+    """The vLLM the kernels came from: version, source, git HEAD of a checkout."""
+    root = Path(vllm.__file__).resolve().parent.parent
+    info = {"vllm_version": vllm.__version__, "vllm_source": str(root)}
+    git = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+        capture_output=True,
+        text=True,
+    )
+    lines = git.stdout.split()
+    if git.returncode == 0 and len(lines) == 2 and Path(lines[0]) == root:
+        info["vllm_git_head"] = lines[1]
+    return info
 
 
 def main() -> None:
@@ -263,43 +321,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--before-src",
-        type=Path,
-        default=None,
-        help="0.33.0's deep_gemm_mega_moe.py, for the launch count before "
-        "(default: taken from the stack's pinned base in .vstack/repo)",
-    )
-    parser.add_argument(
         "--out",
         type=Path,
         default=Path(__file__).parent / "results" / "megamoe_replica_rules.json",
     )
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(args.seed)
+    started = time.perf_counter()
 
-    if args.before_src is None:
-        args.before_src = _base_file(
-            "vllm/model_executor/layers/fused_moe/deep_gemm_mega_moe.py"
-        )
-    checked = cross_check_kernel(gen)
-    print(f"kernel == rule reference on {checked} DEP32 cases (Triton staging)")
-
-    launches = count_launches(args.before_src)
-    print("\nKernels per MoE layer in forward (12 rows, EPLB on, skip-padding on)")
-    print(f"{'format':8} {'':7} {'triton':>7} {'torch':>6} {'alloc':>6}  detail")
-    for fmt, res in launches.items():
-        for when in ("before", "after"):
-            r = res[when]
-            print(
-                f"{fmt:8} {when:7} {sum(r['triton_launches'].values()):7d} "
-                f"{sum(r['torch_kernels'].values()):6d} "
-                f"{sum(r['allocations'].values()):6d}  "
-                f"{r['triton_launches']} {r['torch_kernels']}"
-            )
-        print(
-            f"{fmt:8} ratio   kernels after/before = "
-            f"{res['after']['kernels']}/{res['before']['kernels']}"
-        )
+    check = cross_check_kernels(gen, args.seed)
+    print(
+        f"kernel == rule reference on {check['cases']} DEP{RANKS} cases "
+        f"({' + '.join(CHECK_SITES)}; EP ranks "
+        f"{', '.join(map(str, CHECK_RANKS))}; {check['routed_lanes_checked']} "
+        f"routed lanes); lanes differing from hash: "
+        f"{check['lanes_differing_from_hash']}"
+    )
 
     sims = []
     for traffic in ("dspark", "decode"):
@@ -322,11 +359,10 @@ def main() -> None:
                 f"{r['rank_max_over_mean'] / base:12.3f} {r['local_fraction']:6.3f}"
             )
 
+    provenance = vllm_provenance()
     summary = {
-        f"kernels per MoE layer, {fmt}, before / after": (
-            f"{launches[fmt]['before']['kernels']} / {launches[fmt]['after']['kernels']}"
-        )
-        for fmt in ("mxfp8", "nvfp4")
+        "vLLM": provenance["vllm_version"],
+        "kernel == reference (router + mxfp8 staging), DEP32 cases": check["cases"],
     }
     for sim in sims:
         base = sim["rules"]["hash"]["rank_max_over_mean"]
@@ -338,15 +374,19 @@ def main() -> None:
     result = {
         "command": " ".join(["python", *sys.argv]),
         "summary": summary,
-        "vllm_source": str(VLLM_ROOT),
+        **provenance,
         "machine": {
             "processor": platform.processor(),
             "cores": os.cpu_count(),
-            "note": "CPU only, not measured on GPU (Triton interpreter)",
+            "note": (
+                f"kernels on {torch.accelerator.current_accelerator()}"
+                if torch.accelerator.is_available()
+                else "CPU only, not measured on GPU (Triton interpreter)"
+            ),
         },
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-        "kernel_cross_check_cases": checked,
-        "launch_counts_per_layer": launches,
+        "runtime_s": round(time.perf_counter() - started, 1),
+        "kernel_cross_check": check,
         "simulation": {
             "ranks": RANKS,
             "logical_experts": LOGICAL,
@@ -359,7 +399,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {args.out} ({result['runtime_s']} s)")
 
 
 if __name__ == "__main__":

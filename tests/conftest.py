@@ -26,4 +26,6 @@ def stack(tmp_path, monkeypatch) -> Stack:
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_FIND_LINKS", "")
+    # Nor vLLM's per-commit wheel repository: port 9 (discard) refuses at once.
+    monkeypatch.setenv("VSTACK_WHEEL_INDEX", "http://127.0.0.1:9")
     return Stack(root, cache, wheel)

@@ -200,16 +200,19 @@ def test_leftovers_of_a_killed_run_are_removed_by_the_next(stack, capsys):
     legacy = stack.cache / ".download-legacy"  # from a vstack without the lock file
     legacy.mkdir()
     os.utime(legacy, (time.time() - 3600, time.time() - 3600))
+    streamed = stack.cache / ".download-abc123"  # a killed per-commit download
+    streamed.write_bytes(b"partial")
     live = stack.cache / ".download-live"  # another process is downloading now
     live.mkdir()
     capsys.readouterr()
     with held_folder(live):
         assert stack.run("build") == 0
     err = capsys.readouterr().err
-    assert "temporary worktree" in err and "download folder" in err
+    assert "temporary worktree" in err and "unfinished download(s)" in err
     assert not (stack.root / ".vstack/wt-killed").exists()
     assert len(git(repo, "worktree", "list").splitlines()) == 1
     assert not pack.exists() and not old.exists() and not legacy.exists()
+    assert not streamed.exists()
     assert live.is_dir()
 
 
@@ -321,7 +324,7 @@ def test_a_silent_index_times_out_with_a_clear_error(stack, monkeypatch, capfd):
 @pytest.mark.parametrize(
     "verb, says",
     [
-        ("pin", "Changes nothing"),
+        ("pin", "checks a populated vllm/ checkout against the pin"),
         ("test-files", "folder to write them into"),
         ("bench", "benchmarks/results/bench_build.json"),
     ],

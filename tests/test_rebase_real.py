@@ -1,6 +1,7 @@
 """rebase between two real vLLM release wheels (0.33.0 -> 0.34.0) with fixture
 patches derived from the real code so that each status is exercised: one applies
-cleanly, one needs a 3-way merge, one conflicts, one is already upstream."""
+cleanly, one needs a 3-way merge, one conflicts, one is already upstream; and the
+stack's own move from 0.33.0 to 0.34.0 replayed from its recorded resolutions."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import difflib
 import json
 import os
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -18,6 +20,19 @@ from vstack.config import load_project
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = "0.34.0"
+# The last commit of this repository pinned to vLLM 0.33.0, and that pin.
+LAST_0_33_0_COMMIT = "9686b63"
+OLD_PIN = """[base]
+version = "0.33.0"
+commit = "g4ba787ec9"
+wheel = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+sha256 = "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+image = "vllm/vllm-openai:v0.33.0"
+image_digest = ""
+
+[stack]
+label = "eplb"
+"""
 pytestmark = pytest.mark.real_wheel
 
 
@@ -69,15 +84,18 @@ def _pick(old: dict[str, str], new: dict[str, str]):
 def real_stack(tmp_path, monkeypatch):
     real = load_project(ROOT)
     cache = real.wheel_cache
-    if not (cache / real.pin.wheel).is_file() and os.environ.get("VSTACK_OFFLINE"):
-        pytest.skip("VSTACK_OFFLINE and the pinned wheel is not cached")
+    if not (cache / OLD_PIN.split('wheel = "')[1].split('"')[0]).is_file() and (
+        os.environ.get("VSTACK_OFFLINE")
+    ):
+        pytest.skip("VSTACK_OFFLINE and the 0.33.0 wheel is not cached")
     root = tmp_path / "proj"
     (root / "patches").mkdir(parents=True)
-    shutil.copy(ROOT / "stack.toml", root / "stack.toml")
+    (root / "stack.toml").write_text(OLD_PIN)
     (root / "patches" / "series").write_text("")
     (root / ".gitignore").write_text("/.vstack/\n")
     monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(cache))
-    return Stack(root, cache, cache / real.pin.wheel)
+    old = load_project(root).pin
+    return Stack(root, cache, cache / old.wheel)
 
 
 def _edit_line(text: str, line_no: int, marker: str) -> str:
@@ -148,23 +166,32 @@ def test_rebase_real_releases_each_status(real_stack, capsys):
     assert s.run("export", "--check") == 0
 
 
-def _copy_real_stack(tmp_path, with_resolutions: bool) -> Stack:
+def _stack_at_last_0_33_0_commit(tmp_path, with_resolutions=True) -> Stack:
+    """A project holding the 0.33.0 series as this repository had it (git history)
+    and, optionally, today's resolutions/."""
     real = load_project(ROOT)
-    if not (real.wheel_cache / real.pin.wheel).is_file() and os.environ.get(
-        "VSTACK_OFFLINE"
-    ):
-        pytest.skip("VSTACK_OFFLINE and the pinned wheel is not cached")
+
+    def old(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True)
+
+    if old("cat-file", "-e", f"{LAST_0_33_0_COMMIT}^{{commit}}").returncode:
+        pytest.skip(f"{LAST_0_33_0_COMMIT} is not in this clone's history")
     root = tmp_path / "real"
-    root.mkdir()
-    shutil.copy(ROOT / "stack.toml", root / "stack.toml")
-    shutil.copytree(ROOT / "patches", root / "patches")
+    (root / "patches").mkdir(parents=True)
+    listing = old("ls-tree", "--name-only", LAST_0_33_0_COMMIT, "patches/")
+    for path in listing.stdout.decode().splitlines():
+        blob = old("show", f"{LAST_0_33_0_COMMIT}:{path}").stdout
+        (root / path).write_bytes(blob)
+    (root / "stack.toml").write_text(OLD_PIN)
     if with_resolutions:
         shutil.copytree(ROOT / "resolutions", root / "resolutions")
     (root / ".gitignore").write_text("/.vstack/\n")
     git(root, "init", "-q")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "stack")
-    return Stack(root, real.wheel_cache, real.wheel_cache / real.pin.wheel)
+    return Stack(
+        root, real.wheel_cache, real.wheel_cache / load_project(root).pin.wheel
+    )
 
 
 def _series(root: Path) -> list[str]:
@@ -175,9 +202,9 @@ def _series(root: Path) -> list[str]:
 def test_real_stack_stops_where_upstream_reimplemented_it(
     tmp_path, monkeypatch, capsys
 ):
-    """Without the recorded resolutions the real series stops at its first patch,
-    naming the files and hunks, and --abort leaves the project as it was."""
-    s = _copy_real_stack(tmp_path, with_resolutions=False)
+    """Without the recorded resolutions the 0.33.0 series stops at its first
+    patch, naming the files and hunks, and --abort leaves the project as it was."""
+    s = _stack_at_last_0_33_0_commit(tmp_path, with_resolutions=False)
     monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(s.cache))
     before = s.snapshot()
     first = _series(s.root)[0]
@@ -192,61 +219,28 @@ def test_real_stack_stops_where_upstream_reimplemented_it(
     assert git(s.root, "status", "--porcelain") == ""
 
 
-def test_real_stack_rebases_onto_0_34_0_with_its_recorded_resolutions(
-    tmp_path, monkeypatch, capsys
-):
-    """0.34.0 reimplemented parts of the series. The records replay: the fused
-    MegaMoE mapping is superseded, replica selection is its recorded port; the
-    async patch (no record yet) stops the rebase with what upstream now has, and
-    skipping the unported rest finishes with only the kept delta."""
-    s = _copy_real_stack(tmp_path, with_resolutions=True)
+def test_the_move_to_0_34_0_replays_from_its_records(tmp_path, monkeypatch, capsys):
+    """The 0.33.0 series rebases onto 0.34.0 without stopping, from the records
+    the move left in resolutions/0.34.0/, and yields the series this repository
+    pins today (its first patches, byte for byte)."""
+    s = _stack_at_last_0_33_0_commit(tmp_path)
     monkeypatch.setenv("VSTACK_WHEEL_CACHE", str(s.cache))
-    old_series = _series(s.root)
-    fused, replica, async_, symm = old_series
-    records = {p.name for p in (ROOT / "resolutions" / NEW).iterdir()}
-    assert records == {fused, replica}
+    fused, replica, async_, symm = _series(s.root)
     capsys.readouterr()
-    assert s.run("rebase", "--onto", NEW) == 1
-    out, err = capsys.readouterr()
+    assert s.run("rebase", "--onto", NEW) == 0
+    out = capsys.readouterr().out
     assert f"[1/4] superseded       {fused}" in out
     assert f"[2/4] ported           {replica}" in out
-    assert f"conflict in {async_}" in err
-    assert "vllm/distributed/eplb/async_worker.py: hunk" in err
-    # A fresh project never applied the series, yet the 3-way merge had the
-    # patches' preimages: the stop leaves conflict markers to resolve.
-    worker = (s.repo / "vllm/distributed/eplb/async_worker.py").read_text()
-    assert "<<<<<<< " in worker and ">>>>>>> " in worker
-    assert s.run("rebase", "--skip", "--reason", "not ported in this test") == 1
-    # The communicator patch conflicts where 0.34.0 has its own symm_mem one.
-    err = capsys.readouterr().err
-    assert f"conflict in {symm}" in err
-    assert s.run("rebase", "--skip", "--reason", "not ported in this test") == 0
-    out = capsys.readouterr().out
+    assert f"[3/4] superseded       {async_}" in out
+    assert f"[4/4] ported           {symm}" in out
     report = json.loads((s.root / ".vstack/reports/rebase.json").read_text())
     rows = {r["patch"]: r for r in report["patches"]}
-    assert [r["patch"] for r in report["patches"]] == old_series
-    assert rows[fused]["status"] == "superseded", rows[fused]
-    assert rows[fused]["details"][0].startswith(
-        f"recorded in resolutions/{NEW}/{fused}: Superseded by vLLM {NEW}"
-    )
-    assert rows[replica]["status"] == "ported", rows[replica]
-    assert rows[replica]["details"][0].startswith(
-        f"recorded port resolutions/{NEW}/{replica}"
-    )
-    assert (
-        'upstream now has: value "symm_mem" (vllm/config/parallel.py)'
-        in rows[symm]["details"]
-    )
-    assert any(
-        d.startswith("upstream now has: class SymmMemEplbCommunicator")
-        and "eplb_communicator.py" in d
-        for d in rows[symm]["details"]
-    )
-    assert "1 patch(es) kept, 3 dropped" in out
-    assert _series(s.root) == [replica]
+    assert "issue 13" in rows[async_]["details"][0]
+    rebased = _series(s.root)
+    assert rebased == _series(ROOT)[: len(rebased)]
+    for name in rebased:
+        assert (s.root / "patches" / name).read_bytes() == (
+            ROOT / "patches" / name
+        ).read_bytes(), name
     assert f'version = "{NEW}"' in (s.root / "stack.toml").read_text()
-    assert s.run("export", "--check") == 0
     assert s.run("lint") == 0
-    # The kept patch is its recorded port, byte for byte after re-export.
-    ported = (s.root / "patches" / replica).read_text()
-    assert ported == (ROOT / "resolutions" / NEW / replica).read_text()

@@ -13,6 +13,7 @@ from vstack import gitutil
 from vstack.config import Pin, Project
 from vstack.errors import VstackError
 from vstack.fetch import VerifiedCache, fetch_wheel
+from vstack.nightly import fetch_pinned, is_per_commit_pin
 from vstack.wheelzip import read_named
 
 BASE_REF_PREFIX = "refs/vstack/bases/"
@@ -203,11 +204,15 @@ def pinned_wheel(project: Project, pin: Pin | None = None) -> Path:
             "`vstack rebase --onto <git rev> --wheel <file or version>`"
         )
     verified = VerifiedCache(project.cache / "verified.json")
+    if not (project.wheel_cache / pin.wheel).is_file() and is_per_commit_pin(pin):
+        # pip cannot find a nightly: it comes from the per-commit repository.
+        fetch_pinned(project, pin)
     wheel = fetch_wheel(
         pin.version, project.wheel_cache, pin.wheel, pin.sha256, verified
     )
     _, commit = read_wheel_version(wheel)
-    if commit and commit != pin.commit:
+    # A per-commit pin records the full id; the wheel reports setuptools-scm's short one.
+    if commit and not pin.short_hash.startswith(commit.removeprefix("g")):
         raise VstackError(
             f"{wheel.name} reports commit {commit}, but stack.toml pins {pin.commit}"
         )

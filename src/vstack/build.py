@@ -41,6 +41,22 @@ def local_label(label: str, patches: list[Path]) -> str:
     return f"{label}.g{series_digest(patches)[:12]}"
 
 
+def local_version(upstream: str, label: str) -> str:
+    """The build's version: upstream's with the stack label appended to its local
+    part (a nightly already has one: 0.34.1.dev12+g1a2b3c4d5.cu129.eplb.g...)."""
+    return f"{upstream}{'.' if '+' in upstream else '+'}{label}"
+
+
+def wheel_dist_version(members: list[Member], source_name: str) -> str:
+    """The version in the wheel's dist-info folder name (a nightly's carries the
+    build variant, e.g. .cu129, that vllm/_version.py lacks)."""
+    for m in members:
+        hit = re.fullmatch(r"vllm-([^/]+)\.dist-info/RECORD", m.name)
+        if hit:
+            return hit.group(1)
+    raise ValueError(f"{source_name} has no vllm-*.dist-info/RECORD")
+
+
 def record_hash(data: bytes) -> str:
     digest = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
@@ -49,7 +65,8 @@ def record_hash(data: bytes) -> str:
 def patch_version_py(text: str, version: str) -> str:
     """vllm/_version.py with the local version; the commit id stays upstream's."""
     public, local = version.split("+", 1)
-    nums = ", ".join(public.split("."))
+    # As setuptools-scm writes it: numbers, then strings (0, 34, 1, 'dev12', ...).
+    nums = ", ".join(p if p.isdigit() else repr(p) for p in public.split("."))
     text, n = re.subn(
         r"^(__version__ = version = )'[^']*'$", rf"\g<1>'{version}'", text, flags=re.M
     )
@@ -202,8 +219,8 @@ def dockerfile(pin: Pin, plan: BuildPlan, n_patches: int) -> str:
 FROM {pin.image_ref}
 COPY {whl} /tmp/{whl}
 # --no-deps: the image already has every dependency of vLLM {pin.version}; only
-# vLLM's own files change.
-RUN python3 -m pip install --no-deps --force-reinstall /tmp/{whl} && rm /tmp/{whl}
+# vLLM's own files change; --no-cache-dir: pip leaves no cache in the image.
+RUN python3 -m pip install --no-cache-dir --no-deps --force-reinstall /tmp/{whl} && rm /tmp/{whl}
 RUN python3 -c "import vllm; v = vllm.__version__; assert v == '{plan.version}', v; print('vllm', v)"
 """
 
@@ -240,8 +257,9 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
     members, _ = read_members(wheel)
     wanted = [p for s, p, _ in changes if s != "D"]
     blobs = gitutil.read_blobs(project.repo, tip, wanted)
-    version = f"{pin.version}+{local_label(project.label, patches)}"
-    plan = plan_build(members, changes, blobs, pin.version, version, wheel.name)
+    upstream = wheel_dist_version(members, wheel.name)
+    version = local_version(upstream, local_label(project.label, patches))
+    plan = plan_build(members, changes, blobs, upstream, version, wheel.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / plan.wheel_name
     log(

@@ -22,6 +22,10 @@ Typical edit loop:
   (edit, commit or --amend in .vstack/repo)
   vstack export                      # work branch -> patches/
   vstack build                       # dist/vllm-<version>+<label>.<hash>-*.whl
+
+Following upstream:
+  vstack rebase --onto nightly       # or a release (0.34.0), a commit id, a wheel file
+  vstack pin --submodule             # the vllm/ gitlink at the pinned commit
 """
 
 
@@ -32,6 +36,10 @@ def _project(args):
 def run_pin(args):
     from vstack.pin import cmd_pin
 
+    if args.submodule:
+        from vstack.submodule import cmd_submodule
+
+        return cmd_submodule(_project(args), args.url)
     return cmd_pin(_project(args))
 
 
@@ -80,7 +88,7 @@ def run_test_files(args):
 def run_lint(args):
     from vstack.lint import cmd_lint
 
-    return cmd_lint(_project(args))
+    return cmd_lint(_project(args), args.git)
 
 
 def run_rebase(args):
@@ -95,7 +103,7 @@ def run_rebase(args):
         return rebase.cmd_skip(project, args.reason)
     if not args.onto:
         raise VstackError("give --onto <target>, --continue or --abort")
-    return rebase.cmd_rebase(project, args.onto, args.git, args.wheel)
+    return rebase.cmd_rebase(project, args.onto, args.git, args.wheel, args.wheel_index)
 
 
 def run_check(args):
@@ -131,13 +139,23 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     s = sub.add_parser(
-        "pin", help="show the pinned base; check vllm/ against it",
-        description="Prints the pin of stack.toml: vLLM version, upstream commit, wheel "
-        "file and its sha256, and the image the Dockerfile starts FROM. When the vllm/ "
-        "submodule is populated, checks that it is checked out at the pinned commit "
-        "(exit 1 and the commands to fix it when not). Changes nothing; `vstack "
-        "rebase` is what moves the pin.",
+        "pin", help="show the pinned base; check vllm/ against it; write its gitlink",
+        description="Prints the pin (version, commit, wheel, sha256, image), the "
+        "vllm/ gitlink the repository records, and checks a populated vllm/ checkout "
+        "against the pin. --submodule stages the gitlink (git update-index --cacheinfo "
+        "160000,<sha>,vllm) at the pinned commit; the full id comes from the pin, the "
+        "vllm/ checkout, or git ls-remote of the upstream URL (.gitmodules; "
+        "VSTACK_UPSTREAM_URL or --url override it): the tag v<version>, or a branch "
+        "tip starting with the pinned id. Exit 1, in one line, when it cannot.",
     )  # fmt: skip
+    s.add_argument(
+        "--submodule",
+        action="store_true",
+        help="stage the vllm/ gitlink at the pinned commit",
+    )
+    s.add_argument(
+        "--url", help="with --submodule: the upstream repository to ls-remote"
+    )
     s.set_defaults(func=run_pin)
 
     s = sub.add_parser(
@@ -214,25 +232,44 @@ def parser() -> argparse.ArgumentParser:
         description="Every series entry exists and every patch file is listed; every patch "
         "says why it exists and has Upstream-Status: (and Upstream-PR: once submitted); "
         "new Python files carry vLLM's SPDX header lines; no trailing whitespace or new "
-        "direct torch.cuda calls in added lines; every commit is signed off by its author.",
+        "direct torch.cuda calls in added lines; Triton imported only through "
+        "vllm.triton_utils and regex instead of re (vLLM's import hooks, restated); every "
+        "commit is signed off by its author. With a vLLM checkout (the populated vllm/ "
+        "submodule, or --git PATH) whose pinned commit has .pre-commit-config.yaml, and "
+        "pre-commit installed, vLLM's own hooks also run on each patch's files (the "
+        "patch staged on its parent; SKIP=hook,... skips some).",
     )  # fmt: skip
+    s.add_argument(
+        "--git",
+        help="a vLLM checkout at the pinned commit whose pre-commit hooks to run",
+    )
     s.set_defaults(func=run_lint)
 
     s = sub.add_parser(
         "rebase", help="move the series onto a new vLLM base, with a per-patch report",
         description="The target is a vLLM version from the package index (0.34.0), a "
-        "local wheel file, or a revision of a git checkout (--git PATH; the vllm/ "
-        "submodule by default). Each patch is first checked against upstream (it "
+        "local wheel file, `nightly` or a commit id of vLLM's main branch (the wheel "
+        "from vLLM's per-commit wheel repository: --wheel-index, else "
+        "VSTACK_WHEEL_INDEX, else [base] wheel_index in stack.toml, else "
+        "https://wheels.vllm.ai; downloaded into the wheel cache, sha256 recorded; "
+        "the pin then records the full commit), or a revision of a git checkout (--git "
+        "PATH; the vllm/ submodule by default). Each patch is first checked against upstream (it "
         "reverse-applies on the new base, or its Upstream-PR number is in an upstream "
         "commit subject): such patches are dropped-upstream. The rest are applied with "
         "git am -3 and classified clean / offset / 3way / conflict; a patch with a "
-        "recorded resolution for the target (resolutions/<version>/<patch>) is ported "
+        "recorded resolution for the target (resolutions/<version>/<patch>, else the "
+        "newest recorded release between the old and the new base) is ported "
         "from it, or superseded when the record has no diff. On success patches/ "
-        "is re-exported and stack.toml re-pinned; on conflict, resolve in .vstack/repo "
+        "is re-exported, stack.toml re-pinned and the vllm/ gitlink moved (when "
+        "the full commit can be resolved); on conflict, resolve in .vstack/repo "
         "and --continue, or --abort to restore everything. Report: "
         ".vstack/reports/rebase.{md,json}.",
     )  # fmt: skip
-    s.add_argument("--onto", help="version, wheel file, or git revision (with --git)")
+    s.add_argument(
+        "--onto",
+        help="version, wheel file, `nightly`, a commit id (per-commit wheels), "
+        "or a git revision (with --git)",
+    )
     s.add_argument(
         "--git",
         nargs="?",
@@ -241,6 +278,12 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--wheel", help="with --git: the wheel (file or version) to pin for builds"
+    )
+    s.add_argument(
+        "--wheel-index",
+        metavar="URL",
+        help="per-commit wheel repository for `nightly` / commit targets "
+        "(overrides VSTACK_WHEEL_INDEX and stack.toml)",
     )
     s.add_argument(
         "--continue",
@@ -280,8 +323,10 @@ def parser() -> argparse.ArgumentParser:
         "vstack/<patch>-v<N> in a vLLM checkout (--git PATH or the populated vllm/ "
         "submodule; --base REV, default the pinned commit), else as an mbox. Runs "
         "vLLM's checks on the changed files (ruff check / format with vLLM's config, "
-        "SPDX, no new torch.cuda calls, config fields documented, DCO) and writes "
-        "upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt}; numbers come only "
+        "SPDX, no new torch.cuda calls, Triton and regex imports as vLLM allows, config fields documented, DCO) and writes "
+        "upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt}; with a checkout "
+        "whose base has .pre-commit-config.yaml and pre-commit installed, vLLM's own "
+        "hooks run on the changed files too. Numbers come only "
         "from the results files the patch names in Stack-Results: trailers. A changed "
         "patch becomes revision N+1, with a git range-diff against N. Exit 1 if a "
         "check fails.",

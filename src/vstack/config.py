@@ -38,6 +38,10 @@ class Project:
     root: Path
     pin: Pin
     label: str
+    # [base] wheel_index / wheel_variant: vLLM's per-commit wheel repository and the
+    # build variant folder in it ("" = the default build); see vstack.nightly.
+    wheel_index: str = ""
+    wheel_variant: str = ""
 
     @property
     def patches_dir(self) -> Path:
@@ -115,7 +119,12 @@ def load_project(root: Path | None = None) -> Project:
     label = data.get("stack", {}).get("label", "stack")
     if not re.fullmatch(r"[a-z][a-z0-9]*", label):
         raise VstackError(f"{path}: [stack] label must be lowercase alphanumeric")
-    return Project(root=root, pin=parse_pin(data, str(path)), label=label)
+    base = data.get("base") if isinstance(data.get("base"), dict) else {}
+    return Project(
+        root=root, pin=parse_pin(data, str(path)), label=label,
+        wheel_index=base.get("wheel_index", ""),
+        wheel_variant=base.get("wheel_variant", ""),
+    )  # fmt: skip
 
 
 def render_stack_toml(old_text: str, pin: Pin) -> str:

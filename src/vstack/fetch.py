@@ -70,19 +70,23 @@ def verify(file: Path, expected: str, cache: VerifiedCache | None = None) -> Non
 DOWNLOAD_TIMEOUT_S = 60
 
 
-def download_timeout() -> int:
+def download_timeout() -> float:
     raw = os.environ.get("VSTACK_DOWNLOAD_TIMEOUT", "")
     if not raw:
         return DOWNLOAD_TIMEOUT_S
-    if not raw.isdigit() or int(raw) < 1:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
         raise VstackError(f"VSTACK_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds")
-    return int(raw)
+    return value
 
 
-def _network_reason(lines: list[str], timeout: int) -> str | None:
+def _network_reason(lines: list[str], timeout: float) -> str | None:
     text = "\n".join(lines)
     if re.search(r"timed out|TimeoutError", text):
-        return f"the package index did not answer within {timeout} s (3 tries; VSTACK_DOWNLOAD_TIMEOUT)"
+        return f"the package index did not answer within {timeout:g} s (3 tries; VSTACK_DOWNLOAD_TIMEOUT)"
     if re.search(r"Connection refused|NewConnectionError|Name or service not known|"
                  r"Temporary failure in name resolution", text):  # fmt: skip
         return "the package index could not be reached (connection refused or no such host)"
@@ -93,11 +97,11 @@ def _pip_download(spec: str, dest: Path) -> None:
     timeout = download_timeout()
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--timeout", str(timeout), "--retries", "2",
+        "--disable-pip-version-check", "--timeout", f"{timeout:g}", "--retries", "2",
         "--progress-bar", "on", "-d", str(dest), spec,
     ]  # fmt: skip
     print(
-        f"vstack: downloading {spec} with pip (gives up after {timeout} s of silence "
+        f"vstack: downloading {spec} with pip (gives up after {timeout:g} s of silence "
         f"from the index, retried twice) ...",
         file=sys.stderr,
     )

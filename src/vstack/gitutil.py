@@ -64,23 +64,30 @@ def _user_safe_directories() -> tuple[str, ...]:
     return tuple(found)
 
 
-def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def git_env(
+    extra: dict[str, str] | None = None, user_config: bool = False
+) -> dict[str, str]:
     """The environment of every git call: the user's ~/.gitconfig and the system
     config are not read (format.signOff, diff.orderFile, color.ui, hooks, ... would
-    change what vstack writes); identity comes from the environment or IDENTITY."""
+    change what vstack writes); identity comes from the environment or IDENTITY.
+    user_config=True keeps them, for calls that only reach a network remote (proxy,
+    URL rewriting and credentials are the user's) and write nothing."""
     env = dict(os.environ)
     env.setdefault("GIT_AUTHOR_NAME", IDENTITY["GIT_AUTHOR_NAME"])
     env.setdefault("GIT_AUTHOR_EMAIL", IDENTITY["GIT_AUTHOR_EMAIL"])
     env.setdefault("GIT_COMMITTER_NAME", IDENTITY["GIT_COMMITTER_NAME"])
     env.setdefault("GIT_COMMITTER_EMAIL", IDENTITY["GIT_COMMITTER_EMAIL"])
     env["GIT_TERMINAL_PROMPT"] = "0"
-    env["GIT_CONFIG_GLOBAL"] = os.devnull
-    env["GIT_CONFIG_NOSYSTEM"] = "1"
-    for k in [k for k in env if k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))]:
-        del env[k]
-    env.pop("GIT_CONFIG_COUNT", None)
-    env.pop("GIT_CONFIG_PARAMETERS", None)
-    env.pop("GIT_CONFIG", None)
+    if not user_config:
+        env["GIT_CONFIG_GLOBAL"] = os.devnull
+        env["GIT_CONFIG_NOSYSTEM"] = "1"
+        for k in [
+            k for k in env if k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))
+        ]:
+            del env[k]
+        env.pop("GIT_CONFIG_COUNT", None)
+        env.pop("GIT_CONFIG_PARAMETERS", None)
+        env.pop("GIT_CONFIG", None)
     env["LC_ALL"] = "C"
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)

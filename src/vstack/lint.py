@@ -31,6 +31,22 @@ TORCH_CUDA_ALLOWED = (
     "benchmarks/",
     "vllm/utils/torch_utils.py",
 )
+# vLLM's import hooks, restated for when no vLLM checkout can run them: (pattern on
+# the stripped line, the one file allowed to, what to do instead). Every Python file
+# counts, tests too, and an indented (local) import as much as a top-level one.
+FORBIDDEN_IMPORTS = (
+    (  # check-triton-import: Triton only through vllm.triton_utils
+        re.compile(r"^(from|import)\s+triton(\s|\.|$)"),
+        "vllm/triton_utils/importing.py",
+        "import Triton as vLLM does: `from vllm.triton_utils import tl, triton` "
+        "(check-triton-import)",
+    ),
+    (  # enforce-regex-import: the regex package instead of re
+        re.compile(r"^(import\s+re(\s|,|$)|from\s+re\s+import)"),
+        "setup.py",
+        "use `import regex as re` (enforce-regex-import)",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +65,17 @@ def new_torch_cuda_call(file: str, line: str) -> bool:
         and TORCH_CUDA.search(line.split("#", 1)[0]) is not None
         and not file.startswith(TORCH_CUDA_ALLOWED)
     )
+
+
+def forbidden_import(file: str, line: str) -> str | None:
+    """What vLLM's pre-commit says about an added import line, or None."""
+    if not file.endswith(".py"):
+        return None
+    code = line.strip()
+    for pattern, allowed_file, advice in FORBIDDEN_IMPORTS:
+        if file != allowed_file and pattern.match(code):
+            return advice
+    return None
 
 
 def author_signed_off(text: str, signoffs: list[str]) -> tuple[bool, str | None]:
@@ -128,6 +155,13 @@ def lint_patch(name: str, text: str, folder: str = "patches") -> list[Finding]:
                 Finding(
                     f"{where}:{n}",
                     f"new direct torch.cuda call in {file}:{new_no} (use torch.accelerator / current_platform)",
+                )
+            )
+        advice = forbidden_import(file, line)
+        if advice:
+            found.append(
+                Finding(
+                    f"{where}:{n}", f"`{line.strip()}` in {file}:{new_no}: {advice}"
                 )
             )
     for file in info.added:
@@ -245,13 +279,18 @@ def lint_resolutions(root: Path, pin_version: str | None = None) -> list[Finding
     return found
 
 
-def cmd_lint(project: Project) -> int:
+def cmd_lint(project: Project, git_path: str | None = None) -> int:
+    from vstack.precommit import on_series
+
     version = project.pin.version
     found = lint_series(project.patches_dir) + lint_resolutions(project.root, version)
+    hooks, note = on_series(project, git_path)
+    found += [Finding(f"patches/{name}:1", message) for name, message in hooks]
     for f in found:
         print(f)
-    for note in record_notes(project.root, version):
-        print(f"note: {note}")
+    for record_note in record_notes(project.root, version):
+        print(f"note: {record_note}")
+    print(f"vstack lint: {note}")
     n = len(read_series(project.patches_dir))
     if found:
         print(f"vstack lint: {len(found)} problem(s) in {n} patch(es)")

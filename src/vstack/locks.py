@@ -26,6 +26,15 @@ GIT_LOCK_NAMES = (
 )  # fmt: skip
 # A .download-* folder with no lock file younger than this may be one being created.
 _FRESH_S = 60.0
+# Where /proc cannot tell whether a partial download file is in use: a day old.
+_STALE_FILE_S = 86400.0
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _say(msg: str) -> None:
@@ -211,15 +220,20 @@ def sweep_folders(parent: Path, pattern: str) -> list[Path]:
     held_folder): what a killed download left."""
     removed = []
     for d in parent.glob(pattern):
+        if d.is_file():
+            # A download streamed into a file of that name (vstack.nightly) holds
+            # it open while it runs.
+            users = processes_using([d], parent)
+            if users == [] or (users is None and _age(d) > _STALE_FILE_S):
+                d.unlink(missing_ok=True)
+                removed.append(d)
+            continue
         if not d.is_dir():
             continue
         lock = d / ".lock"
         if not lock.exists():
-            try:
-                if time.time() - d.stat().st_mtime < _FRESH_S:
-                    continue  # being created right now, or too recent to judge
-            except OSError:
-                continue
+            if _age(d) < _FRESH_S:
+                continue  # being created right now, or too recent to judge
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
             continue
@@ -239,7 +253,7 @@ def sweep_folders(parent: Path, pattern: str) -> list[Path]:
             os.close(fd)
     if removed:
         _say(
-            f"removed {len(removed)} unfinished download folder(s) in {parent} "
+            f"removed {len(removed)} unfinished download(s) in {parent} "
             f"(left by an interrupted run)"
         )
     return removed

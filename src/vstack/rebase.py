@@ -47,7 +47,14 @@ from vstack.export import (
     write_patches,
 )
 from vstack.fetch import VerifiedCache, cache_local_wheel, fetch_wheel, sha256_file
+from vstack.nightly import (
+    fetch_per_commit,
+    image_for,
+    is_per_commit_target,
+    nearest_record,
+)
 from vstack.series import load_patch, series_paths
+from vstack.submodule import after_pin_moved, current_gitlink, write_gitlink
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
 
@@ -64,16 +71,19 @@ RESOLUTIONS = "resolutions"
 
 
 def classify_target(onto: str, git_path: str | None) -> str:
-    """'wheel' (a local .whl), 'git' (a revision of a checkout) or 'version'."""
+    """'wheel' (a local .whl), 'git' (a revision of a checkout), 'per-commit'
+    (`nightly` or a commit of vLLM's per-commit wheel repository) or 'version'."""
     if onto.endswith(".whl"):
         return "wheel"
     if git_path is not None:
         return "git"
+    if is_per_commit_target(onto):
+        return "per-commit"
     if re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?[A-Za-z0-9.]+)?", onto):
         return "version"
     raise VstackError(
         f"cannot tell what '{onto}' is: give a vLLM version (0.34.0), a wheel file "
-        f"(*.whl), or a revision with --git PATH"
+        f"(*.whl), nightly, a commit id, or a revision with --git PATH"
     )
 
 
@@ -232,13 +242,13 @@ class State:
 
 
 def _target_base(
-    project: Project, onto: str, git_path, wheel_arg, timings
+    project: Project, onto: str, git_path, wheel_arg, timings, wheel_index=None
 ) -> tuple[Base, Pin]:
     kind = classify_target(onto, git_path)
     old = project.pin
     verified = VerifiedCache(project.cache / "verified.json")
     t = time.perf_counter()
-    wheel = sha = None
+    wheel = sha = per_commit = None
     if kind == "wheel":
         wheel = Path(onto).resolve()
         if not wheel.is_file():
@@ -246,6 +256,9 @@ def _target_base(
         wheel = cache_local_wheel(wheel, project.wheel_cache)
     elif kind == "version":
         wheel = fetch_wheel(onto, project.wheel_cache, verified=verified)
+    elif kind == "per-commit":
+        per_commit = fetch_per_commit(project, onto, wheel_index)
+        wheel = per_commit.wheel
     if kind == "git" and wheel_arg:
         wheel = (
             cache_local_wheel(Path(wheel_arg).resolve(), project.wheel_cache)
@@ -253,7 +266,7 @@ def _target_base(
             else fetch_wheel(wheel_arg, project.wheel_cache, verified=verified)
         )
     if wheel is not None:
-        sha = sha256_file(wheel)
+        sha = per_commit.sha256 if per_commit else sha256_file(wheel)
     timings["download"] = time.perf_counter() - t
     t = time.perf_counter()
     if kind == "git":
@@ -268,8 +281,12 @@ def _target_base(
         base = base_from_wheel(project, wheel, sha)
         commit = commit or ""
     timings["base_extraction"] = time.perf_counter() - t
+    if per_commit:
+        commit = "g" + per_commit.commit
     image = (
-        f"vllm/vllm-openai:v{version}"
+        image_for(version, per_commit.commit)
+        if per_commit
+        else f"vllm/vllm-openai:v{version}"
         if re.fullmatch(r"\d+\.\d+\.\d+", version)
         else old.image
     )
@@ -332,9 +349,15 @@ def _blame_conflicts(
     return list(found.values())
 
 
-def resolution_for(project: Project, version: str, name: str) -> Path | None:
+def resolution_for(
+    project: Project, version: str, name: str, after: str | None = None
+) -> Path | None:
+    """resolutions/<version>/<name>; else, given the old base's version, the record
+    of the newest release between the two (what a nightly after it replays)."""
     path = project.root / RESOLUTIONS / version / name
-    return path if path.is_file() else None
+    if path.is_file():
+        return path
+    return nearest_record(project.root, name, version, after) if after else None
 
 
 def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchResult:
@@ -424,7 +447,7 @@ def _run_patches(project: Project, state: State) -> int:
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
-        record = resolution_for(project, version, patch.name)
+        record = resolution_for(project, version, patch.name, d["old_pin"]["version"])
         notes: list[str] = []
         if pr_hit or reverse_applies(repo, patch, info.files, top):
             why = (
@@ -584,6 +607,7 @@ def _finish(project: Project, state: State) -> int:
     state.save()
     write_patches(project.patches_dir, new, project.cache / "backup")
     toml.write_text(new_toml)
+    after_pin_moved(project, new_pin)
     mark_synced(repo)
     recorded = record_resolutions(project, d, planned)
     d["timings"]["export"] = time.perf_counter() - t
@@ -752,7 +776,11 @@ def _project_files_dirty(project: Project) -> list[str]:
 
 
 def cmd_rebase(
-    project: Project, onto: str, git_path: str | None = None, wheel: str | None = None
+    project: Project,
+    onto: str,
+    git_path: str | None = None,
+    wheel: str | None = None,
+    wheel_index: str | None = None,
 ) -> int:
     if State.load(project):
         raise VstackError(
@@ -780,7 +808,9 @@ def cmd_rebase(
     applied_tip(project, old_base, patches)
     work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
     timings: dict[str, float] = {}
-    new_base, new_pin = _target_base(project, onto, git_path, wheel, timings)
+    new_base, new_pin = _target_base(
+        project, onto, git_path, wheel, timings, wheel_index
+    )
     if new_base.commit == old_base.commit:
         raise VstackError(
             f"{onto} is the current base ({old_base.commit[:12]}); nothing to do"
@@ -796,6 +826,7 @@ def cmd_rebase(
         "old_head": gitutil.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or gitutil.out(repo, "rev-parse", "HEAD"),
         "patches": [p.name for p in patches],
         "patch_sha256": {p.name: records.patch_sha256(p.read_bytes()) for p in patches},
+        "old_gitlink": current_gitlink(project),
         "results": [],
         "next": 0,
         "timings": timings,
@@ -936,6 +967,19 @@ def cmd_abort(project: Project) -> int:
     if gitutil.op_in_progress(repo):
         gitutil.git(repo, "am", "--abort", check=False)
     restored, differs = restore_project_files(project, d, state.path.parent / "saved")
+    # The finish may have staged the vllm/ gitlink of the new pin.
+    old_link = d.get("old_gitlink")
+    if (
+        d.get("finishing")
+        and old_link
+        and current_gitlink(project)
+        not in (
+            None,
+            old_link,
+        )
+    ):
+        write_gitlink(project, old_link)
+        restored.append("the vllm/ gitlink")
     if d["old_work"]:
         gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, d["old_work"])
     else:

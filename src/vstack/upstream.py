@@ -31,7 +31,13 @@ from vstack.base import (
 from vstack.config import Project
 from vstack.errors import VstackError
 from vstack.export import applied_tip
-from vstack.lint import SPDX_LINES, _added_lines, author_signed_off, new_torch_cuda_call
+from vstack.lint import (
+    SPDX_LINES,
+    _added_lines,
+    author_signed_off,
+    forbidden_import,
+    new_torch_cuda_call,
+)
 from vstack.series import parse_patch, series_paths
 
 STACK_ONLY_TRAILERS = ("Upstream-Status", "Upstream-PR", "Stack-Results")
@@ -379,6 +385,11 @@ def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[st
                         "new direct torch.cuda call (use torch.accelerator / current_platform)",
                     )
                 )
+            advice = forbidden_import(file, line)
+            if advice:
+                found.append(
+                    Check("import", f"{file}:{new_no}", f"`{line.strip()}`: {advice}")
+                )
         for file in info.added:
             if file.endswith(".py") and file in blobs and blobs[file].strip():
                 head = blobs[file].decode(errors="replace").splitlines()[:5]
@@ -521,6 +532,16 @@ def cmd_upstream(
     tip = build_commits(project, base.commit, chosen)
     texts = [(p.name, p.read_text(errors="replace")) for p in chosen]
     checks = run_checks(project, base.commit, tip, texts, ruff_config)
+    if checkout is not None:
+        from vstack.precommit import run_on_commit, why_not
+
+        reason = why_not(project, repo, base.commit)
+        if reason:
+            print(f"  vLLM's own pre-commit hooks not run: {reason}")
+        else:
+            print("  running vLLM's own pre-commit hooks on the changed files ...")
+            for failure in run_on_commit(project, repo, base.commit, tip):
+                checks.append(Check("pre-commit", failure.hook, failure.summary()))
     info = infos[index]
     title = info.subject
     if not TITLE_TAGS.match(title):

@@ -1,0 +1,142 @@
+"""scripts/drift against a local per-commit repository: OK, a patch that stops
+applying, a recorded resolution gone stale, a test the nightly breaks; and the
+GitHub Actions job that runs it parses."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+from vstack_testlib import ROOT, git, make_wheel, per_commit_repo, serve
+
+TEST = """import vllm
+import vllm.config
+from pathlib import Path
+
+
+def test_patched_line_and_upstream_config():
+    state = Path(vllm.__file__).parent / "distributed" / "eplb" / "state.py"
+    assert "line five" in state.read_text()
+    assert ".eplb.g" in vllm.__version__
+    assert vllm.config.B == 2
+"""
+MSG = (
+    "[EPLB] Change line 5\n\nLine 5 must say five, and a test says so.\n\n"
+    "Upstream-Status: pending\nSigned-off-by: T <t@x>"
+)
+
+
+def _sha(tag: str) -> str:
+    return hashlib.sha1(tag.encode()).hexdigest()
+
+
+def _lines(changes=None) -> bytes:
+    lines = [f"line {i}" for i in range(1, 41)]
+    for i, text in (changes or {}).items():
+        lines[i - 1] = text
+    return "".join(x + "\n" for x in lines).encode()
+
+
+@pytest.fixture
+def drift(stack, tmp_path, monkeypatch):
+    assert stack.run("apply") == 0
+    state = stack.repo / "vllm/distributed/eplb/state.py"
+    state.write_text(state.read_text().replace("line 5\n", "line five\n"))
+    (stack.repo / "tests").mkdir()
+    (stack.repo / "tests/test_stack.py").write_text(TEST)
+    git(stack.repo, "add", "-A")
+    git(stack.repo, "commit", "-q", "-m", MSG)
+    assert stack.run("export") == 0
+    nightlies = {
+        "ok": {},
+        "conflict": {"vllm/distributed/eplb/state.py": _lines({5: "line 5 upstream"})},
+        "broken": {"vllm/config.py": b"A = 1\nB = 3\nC = 3\n"},
+    }
+    wheels = {}
+    for n, (tag, files) in enumerate(nightlies.items(), 2):
+        sha = _sha(tag)
+        version = f"1.0.2.dev{n}+g{sha[:9]}"
+        wheels[sha] = make_wheel(
+            tmp_path / "built" / f"vllm-{version}-cp38-abi3-manylinux_2_31_x86_64.whl",
+            version, "g" + sha[:9], {"vllm/distributed/eplb/state.py": _lines(), **files},
+        )  # fmt: skip
+    folder = tmp_path / "per-commit"
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+
+    def run(nightly: str):
+        per_commit_repo(folder, wheels, _sha(nightly))
+        summary.write_text("")
+        with serve(folder) as url:
+            p = subprocess.run(
+                [sys.executable, str(ROOT / "scripts" / "drift"), "--root", str(stack.root),
+                 "--wheel-index", url, "--out", str(tmp_path / "out"),
+                 "--python", sys.executable],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+        return p, summary.read_text(), tmp_path / "out"
+
+    return run
+
+
+def test_drift_ok_writes_the_table_and_the_report(stack, drift):
+    before = stack.snapshot()
+    p, summary, out = drift("ok")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1].startswith("drift: OK")
+    assert summary.startswith(f"# vLLM drift: 1.0.0 -> 1.0.2.dev2+g{_sha('ok')[:9]}")
+    assert "**OK**: rebases, builds, tests pass" in summary
+    assert "| 1 | eplb-change-line-5.patch | clean |" in summary
+    assert "- tests: passed" in summary
+    assert "1 passed" in (out / "tests.log").read_text()
+    assert (out / "rebase.json").is_file() and (out / "rebase.md").is_file()
+    assert stack.snapshot() == before  # a throwaway copy was rebased
+
+
+def test_drift_fails_when_a_patch_stops_applying(drift):
+    p, summary, out = drift("conflict")
+    assert p.returncode == 1
+    assert "**FAIL**: eplb-change-line-5.patch stops applying" in summary
+    assert "| 1 | eplb-change-line-5.patch | conflict |" in summary
+    assert "conflict" in (out / "rebase.json").read_text()
+
+
+def test_drift_fails_when_the_nightly_breaks_a_test(drift):
+    p, summary, out = drift("broken")
+    assert p.returncode == 1
+    assert "**FAIL**: the rebased series' CPU tests fail" in summary
+    assert "| 1 | eplb-change-line-5.patch | clean |" in summary
+    assert "assert 3 == 2" in (out / "tests.log").read_text()
+
+
+def test_drift_fails_when_a_recorded_resolution_goes_stale(stack, drift):
+    # a port recorded for release 1.0.1: the nightlies after it (1.0.2.devN) replay
+    # it, and the upstream lines it was made against are gone
+    patch = (stack.root / "patches/eplb-change-line-5.patch").read_text()
+    record = stack.root / "resolutions/1.0.1/eplb-change-line-5.patch"
+    record.parent.mkdir(parents=True)
+    record.write_text(patch.replace(" line 6\n", " line 6 as in 1.0.1\n", 1))
+    p, summary, _ = drift("ok")
+    assert p.returncode == 1
+    assert (
+        "**FAIL**: the recorded resolution resolutions/1.0.1/eplb-change-line-5.patch "
+        "is stale: it no longer applies" in summary
+    )
+
+
+def test_the_drift_job_parses_and_runs_the_script():
+    yaml = pytest.importorskip("yaml")
+    job = yaml.safe_load((ROOT / "ci" / "drift.yml").read_text())
+    triggers = job.get("on") or job.get(True)  # YAML 1.1 reads `on` as true
+    assert triggers["schedule"][0]["cron"]
+    steps = job["jobs"]["drift"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "scripts/drift" in runs and "--onto" in runs
+    uploads = [
+        s for s in steps if s.get("uses", "").startswith("actions/upload-artifact")
+    ]
+    assert uploads and uploads[0]["if"] == "always()"
+    # the pinned test lock and torch, as scripts/test installs them
+    assert "requirements/cpu-test.txt" in runs and "torch==2.13.0+cpu" in runs
