@@ -128,6 +128,19 @@ def run_bench(args):
     return bench_build(_project(args), repeat=args.repeat)
 
 
+def run_gpu_check(args):
+    from vstack import gpucheck
+
+    if args.list:
+        return gpucheck.list_checks()
+    project = _project(args)
+    if args.bundle:
+        gpucheck.make_bundle(project, Path(args.bundle))
+        return 0
+    out = Path(args.out) if args.out else None
+    return gpucheck.run_checks(project, args.python, args.only, out)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vstack", description=DESCRIPTION,
@@ -339,6 +352,24 @@ def parser() -> argparse.ArgumentParser:
         "--base", help="upstream revision to branch from (default: the pinned commit)"
     )
     s.set_defaults(func=run_upstream)
+
+    s = sub.add_parser(
+        "gpu-check", help="the patched vLLM's checks on one NVIDIA GPU, or a bundle of them",
+        description="Builds the patched wheel and a bundle that runs on a GPU machine "
+        "with its own Python, torch and Triton, no vLLM and no network: the patched "
+        "vllm/ sources (zipped), the pure-Python packages the imports need, the "
+        "runner. Without --bundle, runs the checks here (each in a subprocess, 8 "
+        "minutes at most) and writes benchmarks/results/gpu-check-<gpu>.json; on a "
+        "machine without a GPU every check is skipped with the reason.",
+    )  # fmt: skip
+    s.add_argument("--list", action="store_true", help="print the checks, run nothing")
+    s.add_argument("--bundle", metavar="OUT", help="write the bundle to OUT and stop")
+    s.add_argument(
+        "--python", default="python3", help="interpreter with torch (python3)"
+    )
+    s.add_argument("--only", nargs="+", help="run these checks only")
+    s.add_argument("--out", help="results file (default benchmarks/results/...)")
+    s.set_defaults(func=run_gpu_check)
 
     s = sub.add_parser(
         "bench", help="benchmarks of the tool itself",
