@@ -247,19 +247,10 @@ FREE_REGISTERS = 32
 REGISTER_STEP = 8
 
 
-# A variant stock cannot launch (an opt-in replica rule: "local_first" keeps a
-# loop over the expert's replicas and a loop-carried candidate slot live) is
-# compared with stock's nearest variant with three allocation steps of room;
-# measured with triton 3.7.1: +11 to +18 registers, no spills, no stack.
-NEW_VARIANT_STEPS = 3
-
-
-def register_budget(stock_regs: int, new_variant: bool = False) -> int:
+def register_budget(stock_regs: int) -> int:
     """Most registers a patched kernel may use where stock uses `stock_regs`:
-    one allocation step more (three for a variant stock has no equivalent of),
-    or any count that cannot cost occupancy."""
-    steps = NEW_VARIANT_STEPS if new_variant else 1
-    return max(stock_regs + steps * REGISTER_STEP, FREE_REGISTERS)
+    one allocation step more, or any count that cannot cost occupancy."""
+    return max(stock_regs + REGISTER_STEP, FREE_REGISTERS)
 
 
 # --- running the workers ---------------------------------------------------------
@@ -340,11 +331,7 @@ def compare(patched: dict, stock: dict) -> list[dict]:
     rows = []
     for r in patched["records"]:
         s = stock_by.get((r["kernel"], r["stock_key"], r["arch"]))
-        budget = (
-            register_budget(s["regs"], new_variant=r["key"] != r["stock_key"])
-            if s and s.get("regs") is not None
-            else None
-        )
+        budget = register_budget(s["regs"]) if s and s.get("regs") is not None else None
         rows.append({
             "kernel": r["kernel"].split(":")[1], "module": r["kernel"].split(":")[0],
             "driver": r["driver"], "variant": r["key"], "arch": f"sm_{r['arch']}a",
