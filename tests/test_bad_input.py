@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vstack_testlib import ROOT, STATE_PATCH_MESSAGE, git, vstack_main, write_stack_toml
+from vstack_testlib import ROOT, git, vstack_main, write_stack_toml
 
 NUL_PROBLEM = "a NUL byte (binary content in a text patch)"
 
@@ -100,12 +100,7 @@ def test_unparsable_stack_toml(stack, capsys):
 
 def _one_patch(stack) -> Path:
     assert stack.run("apply") == 0
-    text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
-    stack.commit_on_work(
-        "vllm/distributed/eplb/state.py",
-        text.replace("line 5\n", "line five\n"),
-        STATE_PATCH_MESSAGE,
-    )
+    stack.commit_state_edit()
     assert stack.run("export") == 0
     return stack.root / "patches" / "eplb-change-line-5.patch"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from vstack_testlib import STATE_PATCH_MESSAGE, git
+from vstack_testlib import git
 
 
 def test_base_from_wheel_skips_compiled_and_is_reused(stack, capsys):
@@ -31,12 +31,7 @@ def test_base_commit_is_deterministic(stack, tmp_path):
 
 def _edit_and_export(stack):
     assert stack.run("apply") == 0
-    text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
-    stack.commit_on_work(
-        "vllm/distributed/eplb/state.py",
-        text.replace("line 5\n", "line five\n"),
-        STATE_PATCH_MESSAGE,
-    )
+    stack.commit_state_edit()
     stack.commit_on_work(
         "tests/distributed/test_new.py",
         "def test_x():\n    assert 1 + 1 == 2\n",

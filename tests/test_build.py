@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from vstack_testlib import STATE_PATCH_MESSAGE, make_wheel
+from vstack_testlib import make_wheel
 
 from vstack.wheelzip import read_members
 
@@ -62,12 +62,7 @@ def test_empty_series_builds_with_empty_label(stack):
 
 def _series_with_changes(stack):
     assert stack.run("apply") == 0
-    text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
-    stack.commit_on_work(
-        "vllm/distributed/eplb/state.py",
-        text.replace("line 5\n", "line five\n"),
-        STATE_PATCH_MESSAGE,
-    )
+    stack.commit_state_edit()
     stack.commit_on_work(
         "vllm/distributed/eplb/symm.py",
         "X = 1\n",

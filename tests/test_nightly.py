@@ -11,7 +11,6 @@ import zipfile
 
 import pytest
 from vstack_testlib import (
-    STATE_PATCH_MESSAGE,
     git,
     make_wheel,
     per_commit_repo,
@@ -47,12 +46,7 @@ def nightly(stack, tmp_path):
     """A one-patch stack (git repo) pinned at 1.0.0 and a per-commit repository with
     two commits of main; returns the folder to serve."""
     assert stack.run("apply") == 0
-    text = (stack.repo / "vllm/distributed/eplb/state.py").read_text()
-    stack.commit_on_work(
-        "vllm/distributed/eplb/state.py",
-        text.replace("line 5\n", "line five\n"),
-        STATE_PATCH_MESSAGE,
-    )
+    stack.commit_state_edit()
     assert stack.run("export") == 0
     (stack.root / ".gitignore").write_text("/.vstack/\n/dist/\n")
     git(stack.root, "init", "-q")

@@ -127,6 +127,15 @@ class Stack:
         git(self.repo, "add", path)
         git(self.repo, "commit", "-q", "-m", message)
 
+    def commit_state_edit(self) -> None:
+        """On the work branch: the one-line change of state.py that
+        STATE_PATCH_MESSAGE describes (export names it eplb-change-line-5.patch)."""
+        path = "vllm/distributed/eplb/state.py"
+        text = (self.repo / path).read_text()
+        self.commit_on_work(
+            path, text.replace("line 5\n", "line five\n"), STATE_PATCH_MESSAGE
+        )
+
     def snapshot(self) -> dict[str, bytes]:
         """Every file of the project outside the cache, for 'nothing changed' checks."""
         return {
