@@ -6,19 +6,23 @@ Each implementation runs in its own process group (PYTHONPATH pointing at its
 vLLM tree) of forked CPU gloo ranks. Every rank drives the real EplbState and
 async worker in a decode loop whose "forward" holds the GIL for Python work
 (input preparation and sampling bookkeeping as real Python loops) and runs
-torch ops, with one collective per step as decode has. Nothing sleeps.
+torch ops, with one collective per step as decode has. By default nothing
+sleeps; --device-ms adds the GPU's share of a step, during which the host
+waits with the GIL released, as it does in a CUDA sync.
 
 Per rank it reports the decode step time (forward + EplbState.step() + the
 step's collective) in steady state and during migrations, the collectives the
 main thread issues inside EplbState.step() per migration step, the steps per
 migration cycle, and the bytes EPLB holds or allocates on the weights' device.
 
-Usage:
+Usage (trees: a stock vLLM 0.34.0 source tree and the applied series):
     python benchmarks/eplb_async_critical_path.py \
-        --stock-tree /work/base034/.vstack/repo --patched-tree .
+        --stock-tree ../stock-0.34.0 --patched-tree .vstack/repo \
+        [--staged 1,5,43] [--device-ms 20 --requests 512]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -52,7 +56,10 @@ def _summary(values):
 # ---------------------------------------------------------------------------
 
 
-def _forward(x, w, num_requests):
+_DEVICE_IDLE = threading.Event()  # never set: wait() is a GIL-free timed wait
+
+
+def _forward(x, w, num_requests, device_s):
     """One decode step: Python input prep, torch ops, Python sampling."""
     import torch
 
@@ -66,6 +73,11 @@ def _forward(x, w, num_requests):
     h = x + ids[: x.shape[0]].unsqueeze(1).to(x.dtype) * 1e-6
     for _ in range(4):
         h = torch.tanh(h @ w)
+    if device_s:
+        # The GPU running the step: the host blocks in the sync before
+        # sampling with the GIL released (as torch.accelerator.synchronize()
+        # and .item() do), and its core is free for other threads.
+        _DEVICE_IDLE.wait(device_s)
     # Sampling bookkeeping.
     probs = torch.softmax(h.sum(dim=1), dim=0)
     out = probs.argmax().item()
@@ -165,44 +177,64 @@ def _rank_scenario(rank, world_size, cfg):
     x = torch.randn(64, 128)
     w = torch.randn(128, 128) * 0.05
     steady, migration, collectives, cycles, alloc = [], [], [], [], 0
+    eplb_step = []  # EplbState.step() alone, during migrations
+    apply_steps = []  # per cycle: steps at which some layer switched
 
-    def decode_step(record):
-        nonlocal alloc
+    def decode_step(record, track_alloc=False):
         t0 = time.perf_counter()
-        _forward(x, w, cfg["requests"])
+        _forward(x, w, cfg["requests"], cfg["device_ms"] / 1e3)
         counter.active, counter.count = True, 0
-        mode = _AllocBytes()
+        # The dispatch mode slows every op, so it runs only in the untimed
+        # allocation cycle.
+        mode = _AllocBytes() if track_alloc else contextlib.nullcontext()
+        t_step = time.perf_counter()
         with mode:
             state.step()
+        step_s = time.perf_counter() - t_step
         counter.active = False
         done = torch.tensor([int(ms.rebalanced)])
         dist.all_reduce(done)  # decode is collective: one per step
         elapsed = time.perf_counter() - t0
         if record is not None:
             record.append(elapsed)
-        return int(done), counter.count, mode.bytes
+        if record is migration:
+            eplb_step.append(step_s)
+        return int(done), counter.count, getattr(mode, "bytes", 0)
 
     for _ in range(cfg["warmup"]):
         decode_step(None)
-    for cycle in range(cfg["cycles"]):
+    # Timed cycles, then one untimed cycle that counts allocations.
+    for cycle in range(cfg["cycles"] + 1):
+        track_alloc = cycle == cfg["cycles"]
         for _ in range(cfg["steady_steps"]):
             decode_step(steady)
         arm_trigger(state, seed=100 + cycle)
         decode_step(None)  # the trigger step: load all_reduce + rearrange()
-        steps = 1
+        steps, switched = 1, 0
+        prev = ms.physical_to_logical_map.clone()
         while True:
-            busy, count, nbytes = decode_step(migration)
+            busy, count, nbytes = decode_step(
+                None if track_alloc else migration, track_alloc
+            )
+            # Outside the timed step: did a layer switch on this step?
+            if not torch.equal(prev, ms.physical_to_logical_map):
+                switched += 1
+                prev.copy_(ms.physical_to_logical_map)
             collectives.append(count)
             alloc = max(alloc, nbytes)
             steps += 1
             if busy == 0 or steps > 2000:
                 break
-        cycles.append(steps)
+        if not track_alloc:
+            cycles.append(steps)
+            apply_steps.append(switched)
     return {
         "steady": steady,
         "migration": migration,
+        "eplb_step": eplb_step,
         "collectives_per_migration_step": sum(collectives) / max(1, len(collectives)),
         "steps_per_cycle": cycles,
+        "apply_steps_per_cycle": apply_steps,
         "eplb_buffer_bytes": eplb_bytes,
         "max_step_alloc_bytes": alloc,
     }
@@ -223,6 +255,10 @@ def _run_impl(name, cfg, out_path):
 # ---------------------------------------------------------------------------
 
 
+def _omp_threads(ranks):
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
 def _launch(name, tree, staged_layers, args, tmp):
     cfg = {
         "ranks": args.ranks,
@@ -231,6 +267,7 @@ def _launch(name, tree, staged_layers, args, tmp):
         "physical": args.physical,
         "row_elems": args.row_elems,
         "requests": args.requests,
+        "device_ms": args.device_ms,
         "warmup": args.warmup,
         "steady_steps": args.steady_steps,
         "cycles": args.cycles,
@@ -239,6 +276,9 @@ def _launch(name, tree, staged_layers, args, tmp):
     }
     out = os.path.join(tmp, f"{name}.json")
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), VLLM_TARGET_DEVICE="cpu")
+    # As vLLM's multiproc executor does for its workers: intra-op threads of
+    # several ranks that oversubscribe the cores stall for tens of ms.
+    env.setdefault("OMP_NUM_THREADS", str(_omp_threads(args.ranks)))
     code = (
         f"import json, sys; sys.path.insert(0, {HERE!r}); "
         "import eplb_async_critical_path as b; "
@@ -252,35 +292,157 @@ def _launch(name, tree, staged_layers, args, tmp):
         return json.load(f)
 
 
+def _summary_rows(runs):
+    """Per run, the worst rank's figures, patched runs also relative to stock."""
+
+    def worst(run, key):
+        return max(key(r) for r in run["ranks"])
+
+    def mean_steps(r):
+        return sum(r["steps_per_cycle"]) / len(r["steps_per_cycle"])
+
+    stock = runs[0]
+    rows = {}
+    for run in runs:
+        name = run["name"]
+        p99 = worst(run, lambda r: r["migration"]["p99_ms"])
+        steps = worst(run, mean_steps)
+        vs = "" if run is stock else " ({:.2f}x stock)"
+        rows[f"{name}: migration p99 / steady p99"] = "{:.2f}".format(
+            worst(run, lambda r: r["p99_ratio"])
+        )
+        rows[f"{name}: migration step p99 ms"] = f"{p99:.1f}" + vs.format(
+            p99 / worst(stock, lambda r: r["migration"]["p99_ms"])
+        )
+        rows[f"{name}: EplbState.step() p50/p99 ms, migration"] = (
+            "{:.2f}/{:.2f}".format(
+                worst(run, lambda r: r["eplb_step_in_migration"]["p50_ms"]),
+                worst(run, lambda r: r["eplb_step_in_migration"]["p99_ms"]),
+            )
+        )
+        rows[f"{name}: main-thread collectives per migration step"] = worst(
+            run, lambda r: r["collectives_per_migration_step"]
+        )
+        rows[f"{name}: steps per cycle, mean"] = f"{steps:.1f}" + vs.format(
+            steps / worst(stock, mean_steps)
+        )
+        rows[f"{name}: EPLB device bytes / bytes allocated per step"] = (
+            f"{worst(run, lambda r: r['eplb_buffer_bytes'])} / "
+            f"{worst(run, lambda r: r['max_step_alloc_bytes'])}"
+        )
+    return rows
+
+
+def _print_table(report):
+    def trio(summary, keys=("p50_ms", "p99_ms", "max_ms")):
+        return "/".join(f"{summary[k]:.1f}" for k in keys)
+
+    rows = [
+        (
+            "run",
+            "rk",
+            "steady p50/p99/max",
+            "migration p50/p99/max",
+            "p99 x",
+            "step() p50/p99",
+            "coll/step",
+            "steps/cycle",
+            "apply steps",
+            "EPLB bytes",
+            "step alloc B",
+        )
+    ]
+    for run in report["runs"]:
+        for r in run["ranks"]:
+            rows.append(
+                (
+                    run["name"],
+                    str(r["rank"]),
+                    trio(r["steady"]),
+                    trio(r["migration"]),
+                    f"{r['p99_ratio']:.2f}",
+                    trio(r["eplb_step_in_migration"], ("p50_ms", "p99_ms")),
+                    f"{r['collectives_per_migration_step']:.2f}",
+                    str(r["steps_per_cycle"]),
+                    str(r["apply_steps_per_cycle"]),
+                    str(r["eplb_buffer_bytes"]),
+                    str(r["max_step_alloc_bytes"]),
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(
+                cell.ljust(w) for cell, w in zip(row, widths, strict=True)
+            ).rstrip()
+        )
+    print("(times in ms; step() is EplbState.step() alone, during migrations)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--stock-tree", required=True, help="a vLLM tree at stock 0.34.0"
     )
-    parser.add_argument("--patched-tree", default=os.path.dirname(HERE))
+    parser.add_argument(
+        "--patched-tree",
+        default=os.path.join(os.path.dirname(HERE), ".vstack", "repo"),
+        help="a vLLM tree with the series applied (default: `vstack apply`'s "
+        ".vstack/repo)",
+    )
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--layers", type=int, default=43)
     parser.add_argument("--logical", type=int, default=12)
     parser.add_argument("--physical", type=int, default=16)
     parser.add_argument("--row-elems", type=int, default=256)
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=64,
+        help="requests whose bookkeeping the forward does in Python (GIL held)",
+    )
+    parser.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="GPU time per step: the host waits with the GIL released "
+        "(default 0: a host-bound step, the worst case for the async worker)",
+    )
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steady-steps", type=int, default=150)
     parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument(
+        "--staged",
+        default=None,
+        help="comma-separated async_staged_layers values for the patched "
+        "tree (default: 1 and --layers)",
+    )
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
+    for flag, tree in (
+        ("--stock-tree", args.stock_tree),
+        ("--patched-tree", args.patched_tree),
+    ):
+        if not os.path.isfile(
+            os.path.join(tree, "vllm", "distributed", "eplb", "eplb_state.py")
+        ):
+            parser.error(
+                f"{flag} {tree}: not a vLLM source tree (no vllm/distributed/eplb)"
+            )
     import tempfile
 
-    runs = [
-        ("stock 0.34.0", args.stock_tree, None),
-        ("patched, staged=1", args.patched_tree, 1),
-        (f"patched, staged={args.layers}", args.patched_tree, args.layers),
-    ]
-    report = {"config": vars(args), "runs": []}
+    staged = [int(v) for v in (args.staged or f"1,{args.layers}").split(",")]
+    runs = [("stock 0.34.0", args.stock_tree, None)]
+    runs += [(f"patched, staged={n}", args.patched_tree, n) for n in staged]
+    config = dict(vars(args), cpus=os.cpu_count())
+    config["omp_num_threads"] = os.environ.get(
+        "OMP_NUM_THREADS", _omp_threads(args.ranks)
+    )
+    report = {"config": config, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, tree, staged) in enumerate(runs):
+        for i, (name, tree, staged_layers) in enumerate(runs):
             print(f"running {name} ...", flush=True)
-            raw = _launch(f"run{i}", tree, staged, args, tmp)
+            raw = _launch(f"run{i}", tree, staged_layers, args, tmp)
             ranks = []
             for rank, (status, value) in enumerate(raw["ranks"]):
                 if status != "ok":
@@ -297,32 +459,27 @@ def main():
                             "collectives_per_migration_step"
                         ],
                         "steps_per_cycle": value["steps_per_cycle"],
+                        "apply_steps_per_cycle": value["apply_steps_per_cycle"],
+                        "eplb_step_in_migration": _summary(value["eplb_step"]),
                         "eplb_buffer_bytes": value["eplb_buffer_bytes"],
                         "max_step_alloc_bytes": value["max_step_alloc_bytes"],
                     }
                 )
             print(f"  vllm loaded from {raw['vllm']}", flush=True)
             report["runs"].append({"name": name, "vllm": raw["vllm"], "ranks": ranks})
+    report["summary"] = _summary_rows(report["runs"])
+    report["command"] = " ".join(
+        [os.path.basename(sys.executable), os.path.relpath(__file__), *sys.argv[1:]]
+    )
+    report["machine"] = {
+        "cores": os.cpu_count(),
+        "note": "CPU gloo ranks, not measured on GPU",
+    }
+    report["timestamp"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
-    header = (
-        f"{'run':<20}{'rk':>3}{'steady p50/p99/max ms':>24}"
-        f"{'migration p50/p99/max ms':>27}{'p99 x':>7}{'coll/step':>10}"
-        f"{'steps/cycle':>13}{'EPLB bytes':>12}{'step alloc B':>13}"
-    )
-    print(header)
-    for run in report["runs"]:
-        for r in run["ranks"]:
-            s, m = r["steady"], r["migration"]
-            print(
-                f"{run['name']:<20}{r['rank']:>3}"
-                f"{s['p50_ms']:>8.2f}/{s['p99_ms']:.2f}/{s['max_ms']:.2f}".ljust(47)
-                + f"{m['p50_ms']:>8.2f}/{m['p99_ms']:.2f}/{m['max_ms']:.2f}".ljust(27)
-                + f"{r['p99_ratio']:>7.2f}{r['collectives_per_migration_step']:>10.2f}"
-                f"{str(r['steps_per_cycle']):>13}{r['eplb_buffer_bytes']:>12}"
-                f"{r['max_step_alloc_bytes']:>13}"
-            )
+    _print_table(report)
     print(f"wrote {args.out}")
 
 
