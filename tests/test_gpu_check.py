@@ -170,6 +170,10 @@ def test_gpu_check_dry_run_cpu_runs_the_checks_logic(bundle, tmp_path):
         statuses,
         {n: r.get("reason") for n, r in data["checks"].items()},
     )
+    # The series' staged apply, not stock's _move_to_workspace.
+    assert data["checks"]["async-apply-no-sync"]["details"]["apply"] == (
+        "_apply_staged_layer"
+    )
     replay = data["checks"]["fused-mapping-graph-replay"]["details"]
     assert {k.split("/")[0] for k in replay} == {"mxfp8", "nvfp4"}
     for variant in ("mxfp8", "bf16", "nvfp4"):

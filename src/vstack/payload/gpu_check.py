@@ -85,8 +85,9 @@ CHECKS = [
     ),
     Check(
         "async-apply-no-sync",
-        "the async EPLB apply step (EplbState's _move_to_workspace: weights from "
-        "the transfer buffer, then the maps) under VLLM_GPU_SYNC_CHECK=error",
+        "the async EPLB apply step (the series' _apply_staged_layer: one byte-view "
+        "index_copy_ per weight from the staged slot, then the maps; stock's "
+        "_move_to_workspace on a stock tree) under VLLM_GPU_SYNC_CHECK=error",
         90,
         (
             EPLB_STATE,
@@ -612,9 +613,29 @@ def check_async_apply_no_sync(mods) -> dict:
         if DEVICE == "cuda"
         else SimpleNamespace(record=lambda stream=None: None)
     )
+    staged = hasattr(eplb_state, "_apply_staged_layer")
+    slot_fields = {}
+    if staged:
+        # Worker side of the series: compact the changed rows in place and
+        # stage the new maps, as the async worker does before publishing.
+        dst, src = rebalance.staged_rows(metadata, new_p2l.numpy(), 0)
+        rebalance.compact_staged_rows(buffers, buffers, dst, src)
+        new_l2p, new_counts = eplb_state.compute_logical_maps(new_p2l, NUM_LOGICAL)
+        slot_l2p = torch.full_like(l2p[0], -1)
+        slot_l2p[:, : new_l2p.shape[-1]] = new_l2p.to(DEVICE)
+        slot = rebalance.AsyncStagingSlot(
+            buffers=buffers,
+            rows=torch.from_numpy(dst).to(DEVICE),
+            physical_to_logical_map=new_p2l.to(DEVICE),
+            logical_to_physical_map=slot_l2p,
+            logical_replica_count=new_counts.to(DEVICE),
+            consumed_event=event,
+        )
+        slot_fields = {"slot": slot, "num_rows": len(dst)}
+        _sync()
     result = rebalance.AsyncEplbLayerResult(
         layer_idx=1, new_physical_to_logical_map=new_p2l.clone(),
-        transfer_metadata=metadata, consumed_event=event,
+        transfer_metadata=metadata, consumed_event=event, **slot_fields,
     )  # fmt: skip
     model_state = SimpleNamespace(
         pending_result=result, expert_buffer=buffers, rebalanced=True,
@@ -624,7 +645,10 @@ def check_async_apply_no_sync(mods) -> dict:
     )  # fmt: skip
 
     def decode_step():
-        eplb_state._move_to_workspace(model_state, 0)
+        if staged:
+            eplb_state._apply_staged_layer(model_state, result)
+        else:
+            eplb_state._move_to_workspace(model_state, 0)
 
     if armed:
         decode_step = sync_debug.with_gpu_sync_check(decode_step)
@@ -638,12 +662,16 @@ def check_async_apply_no_sync(mods) -> dict:
     ok_counts = torch.equal(
         counts[1].cpu(), torch.bincount(new_p2l, minlength=NUM_LOGICAL)
     )
-    if not (ok_weights and ok_p2l and ok_counts):
-        raise AssertionError(f"weights {ok_weights}, p2l {ok_p2l}, counts {ok_counts}")
+    ok_l2p = not staged or torch.equal(l2p[1].cpu(), slot_l2p.cpu())
+    if not (ok_weights and ok_p2l and ok_counts and ok_l2p):
+        raise AssertionError(
+            f"weights {ok_weights}, p2l {ok_p2l}, counts {ok_counts}, l2p {ok_l2p}"
+        )
     patches = manifest().get("source", {}).get("patches", [])
     async_patches = [p for p in patches if "async" in p]
     return {
         "sync_check": "error" if armed else "not armed (CPU dry run)",
+        "apply": "_apply_staged_layer" if staged else "_move_to_workspace",
         "path": f"the series' async patch {async_patches}"
         if async_patches
         else "no async patch in the series: stock async apply path (baseline)",
