@@ -46,6 +46,9 @@ from types import SimpleNamespace
 
 BUNDLE = Path(__file__).resolve().parent
 TOTAL_BUDGET_S = 480  # the whole run, as the issue asks: at most 8 minutes
+# The timeouts and the budget are a GPU's. The CPU dry run interprets the Triton
+# kernels on what may be a small, shared machine: it gets this many times more.
+DRY_RUN_TIME_FACTOR = 4
 # "cpu" only for `--dry-run-cpu`: the checks' own logic under the Triton
 # interpreter, without CUDA graphs, timing or symmetric memory.
 DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")
@@ -2162,7 +2165,8 @@ def main(argv=None) -> int:
             env_info["capability"] = list(torch.cuda.get_device_capability(0))
     results = {"bundle": manifest().get("source", {}), "environment": env_info,
                "dry_run_cpu": args.dry_run_cpu, "imports": None, "checks": {}}  # fmt: skip
-    deadline = time.monotonic() + TOTAL_BUDGET_S
+    factor = DRY_RUN_TIME_FACTOR if args.dry_run_cpu else 1
+    deadline = time.monotonic() + TOTAL_BUDGET_S * factor
     site_args = [f"--site={s}" for s in args.site]
     # The bundle's vLLM must import here, GPU or not.
     proc = subprocess.run(
@@ -2189,7 +2193,7 @@ def main(argv=None) -> int:
         print(f"gpu-check: {name} ...", file=sys.stderr, flush=True)
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=min(check.timeout_s, left))  # fmt: skip
+                                  timeout=min(check.timeout_s * factor, left))  # fmt: skip
             lines = proc.stdout.strip().splitlines()
             record = (
                 json.loads(lines[-1])
@@ -2202,7 +2206,7 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             record = {
                 "status": "timeout",
-                "reason": f"no result within {check.timeout_s} s",
+                "reason": f"no result within {check.timeout_s * factor} s",
             }
         results["checks"][name] = record
         print(f"gpu-check: {name}: {record['status']}"
