@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "src" / "vstack" / "payload" / "gpu_check.py"
 
 
+# Issue 20, item 7.
+NEW_CHECKS = ("logical-load-nccl-contract", "byte-view-index-copy",
+              "staged-apply-delayed-stream", "graph-follows-staged-apply")  # fmt: skip
+
+
 def _runner_module():
     if "gpu_check_runner" not in sys.modules:
         spec = importlib.util.spec_from_file_location("gpu_check_runner", RUNNER)
@@ -39,23 +44,91 @@ def test_gpu_check_list_names_every_check_without_torch():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     names = [c.name for c in _runner_module().CHECKS]
-    listed = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-    assert listed == names
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    listed = [line.split()[0] for line in lines]
+    # The one-GPU checks, then the several-GPU mode.
+    assert listed == [*names, "--multi"]
     assert {"fused-mapping-graph-replay", "symm-mem-two-procs", "staging-time"} <= set(
         names
     )
+    assert set(NEW_CHECKS) <= set(names)
+    assert "needs >= 2 GPUs" in lines[-1] and "scripts/gpu-check --multi" in lines[-1]
     # --list imports no torch: it works in a Python that has none.
     proc = subprocess.run(
         [sys.executable, "-I", "-S", str(RUNNER), "--list"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.count("\n") == len(names)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == len(names) + 1
 
 
 def test_gpu_check_checks_fit_the_8_minute_budget():
     runner = _runner_module()
     assert sum(c.timeout_s for c in runner.CHECKS) <= runner.TOTAL_BUDGET_S == 480
     assert set(runner.RUNNERS) == {c.name for c in runner.CHECKS}
+
+
+def _no_two_gpus() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return True
+    return torch.cuda.device_count() < 2
+
+
+@pytest.mark.venv
+def test_gpu_check_multi_refuses_without_two_gpus_in_one_line():
+    """--multi on a machine with < 2 GPUs: exit 2 and one line that says so,
+    from the runner and from scripts/gpu-check before it builds anything."""
+    if importlib.util.find_spec("torch") is None or not _no_two_gpus():
+        pytest.skip("needs the CPU test environment on a machine with < 2 GPUs")
+    want = "gpu-check --multi: needs >= 2 GPUs; this machine has "
+    for cmd in (
+        [sys.executable, str(RUNNER), "--multi"],
+        [str(ROOT / "scripts" / "gpu-check"), "--multi", "--python", sys.executable],
+        [sys.executable, str(RUNNER), "--multi", "--gpus", "2"],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (cmd, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(want.split(";")[0]), lines
+        assert "this machine has" in lines[0] and not proc.stdout.strip(), proc.stdout
+    # A Python without torch: the same one line, naming the reason.
+    proc = subprocess.run([sys.executable, "-I", "-S", str(RUNNER), "--multi"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "cannot import torch" in lines[0]
+
+
+def test_gpu_check_multi_judges_every_rank():
+    """The --multi verdicts from the ranks' results (no torch needed): a rank
+    with another placement fails, a missing rank is a hang, a skip stays one."""
+    judge = _runner_module()._judge
+    cfg = {"layers": 2}
+    ok = {"applied": [[[0], [1]], [[0], [1]]], "placements": [[[0, 1]], [[0, 1]]],
+          "differ_from_sync": [], "rearranged": True}  # fmt: skip
+    assert judge("equivalence", cfg, [("ok", ok), ("ok", ok)])["status"] == "pass"
+    split = {**ok, "placements": [[[0, 1]], [[1, 0]]]}
+    rec = judge("equivalence", cfg, [("ok", split), ("ok", split)])
+    assert rec["status"] == "fail" and "different placements" in rec["reason"]
+    late = {**ok, "applied": [[[0], [1]], [[0], [], [1]]]}
+    rec = judge("equivalence", cfg, [("ok", late), ("ok", late)])
+    assert rec["status"] == "fail" and "different steps" in rec["reason"]
+    rec = judge("equivalence", cfg, [("ok", {**ok, "differ_from_sync": ["layer 1"]}),
+                                     ("ok", ok)])  # fmt: skip
+    assert rec["status"] == "fail" and "async differs from sync" in rec["reason"]
+    rec = judge("equivalence", cfg, [("ok", ok), ("missing", "no result (hang?)")])
+    assert rec["status"] == "timeout" and rec["reason"].startswith("rank 1")
+    skip = {"skip": "NIXL is not importable here"}
+    assert judge("ft-failure", cfg, [("ok", skip)] * 2)["status"] == "skip"
+    ft = {"first": [[[0]], [[0]]], "second": [[[0], [1]], [[0], [1]]],
+          "placements": ok["placements"], "worker_alive": True}  # fmt: skip
+    assert judge("ft-failure", cfg, [("ok", ft)] * 2)["status"] == "pass"
+    rec = judge("ft-failure", cfg, [("ok", ft), ("ok", {**ft, "worker_alive": False})])
+    assert rec["status"] == "fail" and "worker died" in rec["reason"]
+    itl = {"steady": [0.001] * 10, "migration": [0.001] * 9 + [0.004]}
+    rec = judge("itl", cfg, [("ok", itl)] * 2)
+    assert rec["details"]["p99_migration_over_steady"] == 4.0
 
 
 def test_gpu_check_bundle_never_replaces_a_foreign_folder(tmp_path):
@@ -198,3 +271,120 @@ def test_gpu_check_command_writes_results_file(bundle, tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert data["checks"]["index-copy-select-dtypes"]["status"] == "skip"
         assert "skip     index-copy-select-dtypes: no CUDA GPU" in proc.stdout
+
+
+def _logical_load_oracle(out: Path, runner) -> tuple[bool, list[int]]:
+    """Contiguity and strides of the bundle's own _logical_expert_load on the
+    check's shapes, run here from its source (the series reworks it)."""
+    import ast
+    import zipfile
+
+    import torch
+
+    source = zipfile.ZipFile(out / "vllm.zip").read(
+        "vllm/distributed/eplb/eplb_state.py"
+    )
+    fn = next(n for n in ast.parse(source).body
+              if isinstance(n, ast.FunctionDef) and n.name == "_logical_expert_load")  # fmt: skip
+    space = {"torch": torch}
+    exec(compile(ast.Module([fn], []), "eplb_state.py", "exec"), space)
+    window = torch.ones(4, 6, runner.NUM_PHYSICAL, dtype=torch.int32)
+    p2l = torch.arange(runner.NUM_PHYSICAL).remainder(runner.NUM_LOGICAL).repeat(6, 1)
+    got = space["_logical_expert_load"](window, p2l, runner.NUM_LOGICAL)
+    return got.is_contiguous(), list(got.stride())
+
+
+@pytest.mark.real_wheel
+@pytest.mark.venv
+def test_gpu_check_dry_run_cpu_runs_the_issue_20_checks(bundle, tmp_path):
+    """The CPU dry runs of the logical-load, byte-view, delayed-apply and
+    graph checks: the series' real functions on CPU tensors."""
+    out, _ = bundle
+    results = tmp_path / "dry.json"
+    subprocess.run(
+        [sys.executable, "-I", str(out / "gpu_check.py"), "--dry-run-cpu",
+         "--out", str(results), "--only", *NEW_CHECKS],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    checks = json.loads(results.read_text())["checks"]
+    statuses = {n: (r["status"], r.get("reason")) for n, r in checks.items()}
+
+    # 1. On the current series _logical_expert_load returns a strided view
+    # (strides [65, 1]): NCCL would refuse it; the dry run says so and fails.
+    load = checks["logical-load-nccl-contract"]
+    contiguous, strides = _logical_load_oracle(out, _runner_module())
+    assert load["details"]["contiguous"] is contiguous, load
+    assert load["details"]["strides"] == strides
+    assert load["details"]["values_match_reference"] is True
+    assert load["details"]["all_reduce"] == "ok"  # gloo takes strided tensors
+    if contiguous:
+        assert load["status"] == "pass", load
+    else:
+        assert load["status"] == "fail", load
+        assert "non-contiguous" in load["reason"]
+        assert "Tensors must be contiguous" in load["reason"]
+
+    # 2. Byte view, per-row copy_ and 16-byte view give the same bytes.
+    copy = checks["byte-view-index-copy"]
+    assert copy["status"] == "pass", statuses
+    identical = copy["details"]["identical"]
+    assert set(identical) == {"byte_view_index_copy", "per_row_copy",
+                              "wide_view_index_copy"}  # fmt: skip
+    assert all(len(r) == 6 and all(r.values()) for r in identical.values())
+    assert copy["details"]["bytes_moved"] > 0
+    assert "complex128" in copy["details"]["wide_dtypes"].values()
+    assert "float8_e8m0fnu" in copy["details"]["dtypes"].values()
+
+    # 3. The worker's staging on its own thread, applied layer by layer.
+    delayed = checks["staged-apply-delayed-stream"]
+    assert delayed["status"] == "pass", statuses
+    for slots in ("staged_layers=1", "staged_layers=2"):
+        run = delayed["details"][slots]
+        assert run["wrong_steps"] == 0 and len(run["steps"]) == 4
+        assert all(s["rows"] > 0 and not s["problems"] for s in run["steps"])
+
+    # 4. The (eager, on CPU) forward reads the new weights and maps.
+    graph = checks["graph-follows-staged-apply"]
+    assert graph["status"] == "pass", statuses
+    assert graph["details"]["addresses_unchanged"] is True
+    rounds = graph["details"]["rounds"]
+    assert len(rounds) == 3 and {r["layer"] for r in rounds} == {0, 1}
+    assert all(r["slots_changed"] and not r["problems"] for r in rounds)
+
+
+@pytest.mark.real_wheel
+@pytest.mark.venv
+def test_gpu_check_multi_dry_run_cpu_drives_the_series_helpers(bundle, tmp_path):
+    """--multi's scenarios on forked CPU gloo ranks with the series' own test
+    driver from the bundle; the stock ITL run imports the stock vLLM."""
+    out, manifest = bundle
+    assert (
+        f"tests/distributed/eplb/{'eplb_async_helpers'}.py" in manifest["series_files"]
+    )
+    assert (out / "vllm-stock.zip").is_file()
+    results = tmp_path / "multi.json"
+    only = ["equivalence/torch_gloo", "equivalence/nixl", "ft-failure/torch_gloo",
+            "itl/stock"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-I", str(out / "gpu_check.py"), "--multi", "--dry-run-cpu",
+         "--out", str(results), "--only", *only],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    data = json.loads(results.read_text())
+    scenarios = data["scenarios"]
+    assert list(scenarios) == only
+    assert proc.returncode == 0, (proc.stderr[-3000:], scenarios)
+    assert scenarios["equivalence/nixl"]["status"] == "skip"
+    assert "needs CUDA" in scenarios["equivalence/nixl"]["reason"]
+    equivalence = scenarios["equivalence/torch_gloo"]
+    assert equivalence["status"] == "pass", equivalence
+    assert equivalence["details"]["layers_applied"] == list(range(6))
+    ft = scenarios["ft-failure/torch_gloo"]
+    assert ft["status"] == "pass", ft
+    # Layer 2 failed on rank 1: layers 0 and 1 stay applied, the rest old.
+    assert ft["details"]["first_cycle_layers"] == [0, 1]
+    assert ft["details"]["second_cycle_layers"] == list(range(6))
+    itl = scenarios["itl/stock"]
+    assert itl["status"] == "pass", itl
+    assert itl["vllm"] == "vllm-stock.zip" and equivalence["vllm"] == "vllm.zip"
+    assert itl["details"]["steady"]["n"] > 0 and itl["details"]["migration"]["n"] > 0

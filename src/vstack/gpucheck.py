@@ -5,7 +5,10 @@ machine has, without vLLM and without network: the runner
 (payload/gpu_check.py), the patched vllm/ Python sources of the built wheel in
 one zip, the few pure-Python packages vLLM's imports need (as wheels), and a
 manifest. The checks themselves are listed by `--list` and described in the
-runner.
+runner. For the several-GPU scenarios (`scripts/gpu-check --multi`) the bundle
+also carries the series' files outside vllm/ (its tests: --multi drives EPLB
+with the series' own test driver) and the stock vLLM's sources (vllm-stock.zip,
+the ITL baseline).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from vstack.build import build
-from vstack.config import Project
+from vstack.base import pinned_wheel
+from vstack.build import build, extract_outside
+from vstack.config import Project, load_project
 from vstack.errors import VstackError
 
 RUNNER = Path(__file__).resolve().parent / "payload" / "gpu_check.py"
@@ -123,6 +127,9 @@ def make_bundle(project: Project, out: Path, log=None) -> dict:
     (out / "site").mkdir(parents=True)
     log(f"vstack: gpu-check bundle in {out} ...")
     extensions = write_vllm_zip(wheel, out / "vllm.zip")
+    # --multi: the stock baseline and the series' test driver.
+    write_vllm_zip(pinned_wheel(project), out / "vllm-stock.zip")
+    series_files = extract_outside(project, out / "series")
     pins = _pins(project)
     carried = []
     for name in CARRIED:
@@ -138,6 +145,8 @@ def make_bundle(project: Project, out: Path, log=None) -> dict:
             "patches": info["patches"], "applied_commit": info["applied_commit"],
         },
         "changed_files": sorted(info["changed"] + info["added"]),
+        "stock": {"zip": "vllm-stock.zip", "wheel": info["base"]["wheel"]},
+        "series_files": sorted(series_files),
         "extensions": extensions,
         "stand_ins": sorted(STAND_INS),
         "carried": carried,
@@ -171,3 +180,65 @@ def run_checks(project: Project, python: str, only: list[str] | None, out: Path 
         print(f"{rec['status']:8s} {name}{reason}")
     print(f"vstack: gpu-check results: {final}", file=sys.stderr)
     return rc
+
+
+def run_multi(project: Project, python: str, rest: list[str], out: Path | None):
+    """`scripts/gpu-check --multi`: refuse at once without 2 GPUs, else bundle
+    and run the several-GPU scenarios here with `python`; results into
+    benchmarks/results/gpu-check-multi-<gpu>.json unless --out says otherwise."""
+    # Before the build: a machine without 2 GPUs learns it in one line.
+    try:
+        pre = subprocess.run([python, str(RUNNER), "--multi", "--preflight", *rest],
+                             capture_output=True, text=True)  # fmt: skip
+    except OSError as e:
+        print(f"gpu-check --multi: needs >= 2 GPUs; cannot run {python}: {e}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if pre.returncode != 0:
+        lines = (pre.stderr.strip() or pre.stdout.strip()).splitlines()
+        print(lines[-1] if lines else f"gpu-check --multi: {python} failed",
+              file=sys.stderr)  # fmt: skip
+        return pre.returncode
+    bundle = project.cache / "gpu-check" / "bundle"
+    make_bundle(project, bundle)
+    tmp = bundle / "results" / "multi.json"
+    rc = subprocess.run([python, str(bundle / "gpu_check.py"), "--multi",
+                         "--out", str(tmp), *rest]).returncode  # fmt: skip
+    if not tmp.is_file():
+        raise VstackError(f"gpu-check --multi wrote no results (exit {rc})")
+    results = json.loads(tmp.read_text())
+    gpu = "cpu-dry-run" if results.get("dry_run_cpu") else results.get("gpu") or "gpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    name = f"gpu-check-multi-{slug}.json"
+    final = out or project.root / "benchmarks" / "results" / name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(tmp, final)
+    for scenario, rec in results["scenarios"].items():
+        reason = f": {rec['reason'][:200]}" if rec.get("reason") else ""
+        print(f"{rec['status']:8s} {scenario}{reason}")
+    print(f"vstack: gpu-check --multi results: {final}", file=sys.stderr)
+    return rc
+
+
+def main(argv=None) -> int:
+    """`python -m vstack.gpucheck --multi ...` (what `scripts/gpu-check
+    --multi` runs: the vstack command line has no --multi)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="scripts/gpu-check --multi",
+                                 description=run_multi.__doc__)  # fmt: skip
+    ap.add_argument("--root", default=".", help=argparse.SUPPRESS)
+    ap.add_argument("--multi", action="store_true", required=True)
+    ap.add_argument("--python", default="python3", help="interpreter with torch")
+    ap.add_argument("--out", help="results file (default benchmarks/results/...)")
+    args, rest = ap.parse_known_args(argv)
+    try:
+        return run_multi(load_project(Path(args.root)), args.python, rest,
+                         Path(args.out) if args.out else None)  # fmt: skip
+    except VstackError as e:
+        print(f"vstack: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
