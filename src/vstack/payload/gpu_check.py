@@ -622,6 +622,21 @@ class _LocalOnly:
         pass
 
 
+def _applies_and_releases(apply_staged_layer):
+    """The main thread's part of an apply (EplbState._apply_ready_layers):
+    the staged copies, then the slot's event, which the worker waits on
+    before it reuses the slot."""
+    if apply_staged_layer is None:
+        return None
+
+    def apply(model_state, result):
+        apply_staged_layer(model_state, result)
+        if not getattr(result.consumed_event, "recorded", False):
+            result.consumed_event.record()
+
+    return apply
+
+
 def _staged_api(mods) -> SimpleNamespace:
     """The vLLM names of the async apply path, shared by async-apply-no-sync
     and graph-follows-staged-apply: the series reworks them, so they are
@@ -629,7 +644,7 @@ def _staged_api(mods) -> SimpleNamespace:
     eplb_state = mods[EPLB_STATE]
     rebalance = sys.modules[REBALANCE]
     return SimpleNamespace(
-        apply=getattr(eplb_state, "_apply_staged_layer", None),
+        apply=_applies_and_releases(getattr(eplb_state, "_apply_staged_layer", None)),
         move_to_workspace=getattr(eplb_state, "_move_to_workspace", None),
         compute_logical_maps=eplb_state.compute_logical_maps,
         CpuGpuEvent=eplb_state.CpuGpuEvent,
@@ -1228,7 +1243,7 @@ def _worker_api(mods) -> SimpleNamespace:
         transfer=transfer,
         # Looked up at the call: the control replaces it in the module.
         wait_consumed=lambda slot, stream: worker._wait_consumed(slot, stream),
-        apply=eplb_state._apply_staged_layer,
+        apply=_applies_and_releases(eplb_state._apply_staged_layer),
         seams=seams,
     )
 
@@ -1510,17 +1525,20 @@ MULTI_LAUNCH_TIMEOUT_S = 240  # one scenario on every rank, imports included
 SERIES_DIR = "series"
 HELPERS_DIR = "tests/distributed/eplb"
 HELPERS = "eplb_async_helpers"
+RANKS = "eplb_ranks"
 
 
 def _multi_api() -> SimpleNamespace:
     """Every name --multi takes from the series' test driver
-    (tests/distributed/eplb/eplb_async_helpers.py) and from vLLM. The driver is
-    renamed and refactored often: its imports and the device seams around it
-    (the driver builds CPU states) are here only."""
+    (tests/distributed/eplb/eplb_async_helpers.py, its ranks from
+    eplb_ranks.py) and from vLLM. The driver is renamed and refactored often:
+    its imports and the device seams around it (the driver builds CPU states)
+    are here only."""
     import torch
     import torch.distributed as dist
 
     helpers = __import__(HELPERS)
+    ranks = __import__(RANKS)
     from vllm.distributed import parallel_state
     from vllm.distributed.eplb import eplb_communicator, eplb_state
 
@@ -1623,8 +1641,8 @@ def _multi_api() -> SimpleNamespace:
         weights_match_maps=weights_match_maps, init_gpu_groups=init_gpu_groups,
         fail_once=fail_once, model_state=helpers.model_state,
         arm_trigger=helpers.arm_trigger, drive_lockstep=helpers.drive_lockstep,
-        gather=helpers.gather, run_ranks=helpers.run_ranks,
-        free_port=helpers.free_port, has_nixl=eplb_communicator.has_nixl,
+        gather=helpers.gather, run_ranks=ranks.run_ranks,
+        free_port=ranks.free_port, has_nixl=eplb_communicator.has_nixl,
     )  # fmt: skip
 
 
@@ -1906,7 +1924,7 @@ def _multi_run(cfg: dict) -> dict:
     import multiprocessing as mp
 
     sys.path.insert(0, cfg["helpers_dir"])
-    port = __import__(HELPERS).free_port()
+    port = __import__(RANKS).free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_multi_gpu_rank, args=(r, world_size, port, cfg, queue))
