@@ -88,14 +88,18 @@ def check_prefix(
             log(f"      imports ok: {', '.join(mods)}")
         if added_tests:
             t = time.perf_counter()
+            # pytest's default import mode, as scripts/test and vLLM's CI run
+            # them: a test imports the helpers beside it by name.
             p = subprocess.run(
-                [str(python), "-m", "pytest", "-q", "-x", "--import-mode=importlib",
-                 "-p", "no:cacheprovider", *added_tests],
+                [str(python), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                 *added_tests],
                 cwd=tree, env=_env(tree), capture_output=True, text=True,
             )  # fmt: skip
-            summary = (p.stdout.strip().splitlines() or ["?"])[-1]
+            lines = p.stdout.strip().splitlines()
+            summary = (lines or ["?"])[-1]
             if p.returncode not in (0, 5):
-                problems.append(f"tests failed: {summary}")
+                first_error = next((ln for ln in lines if ln.startswith("E ")), "")
+                problems.append(f"tests failed: {summary} {first_error.strip()}")
             else:
                 log(
                     f"      tests ({len(added_tests)} file(s), {time.perf_counter() - t:.0f} s): {summary}"
