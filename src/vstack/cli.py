@@ -62,7 +62,7 @@ def run_apply(args):
 def run_export(args):
     from vstack.export import cmd_export
 
-    return cmd_export(_project(args), check=args.check)
+    return cmd_export(_project(args), check=args.check, force=args.force)
 
 
 def run_build(args):
@@ -207,13 +207,25 @@ def parser() -> argparse.ArgumentParser:
         "export", help="write the work branch back into patches/ and patches/series",
         description="Deterministic git format-patch (zeroed commit ids, full index, no "
         "signature, no stat, subject kept). Without a work branch, exports the series "
-        "applied afresh (a round trip). The previous patches/ is saved under "
-        ".vstack/backup/ before anything changes.",
+        "applied afresh (a round trip). Refuses while a rebase, a git am or an apply "
+        "is unfinished, when the work branch is not built on the pinned base, when a "
+        "commit cannot become a patch that applies and builds as committed (empty, "
+        "binary, a symlink, not UTF-8), and when patches/ changed since the last "
+        "apply/export (a pull: `vstack apply` picks it up; --force overwrites it). "
+        "Writes patches/series and the patches it lists in one journaled change; "
+        "*.patch files not listed there are named, never removed. The previous "
+        "patches/ is saved under .vstack/backup/ before anything changes.",
     )  # fmt: skip
     s.add_argument(
         "--check",
         action="store_true",
         help="change nothing; exit 1 and list the files if exporting would change patches/",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="write the work branch over patches/ even though patches/ changed since "
+        "the last apply/export (the previous patches/ is saved under .vstack/backup/)",
     )
     s.set_defaults(func=run_export)
 
@@ -389,21 +401,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# Verbs that write to .vstack/ (the stack repository, dist/): one at a time per project.
+# Verbs that write to .vstack/ (the stack repository, dist/) or to the project: one
+# at a time per project, each after finishing what an interrupted one left.
 LOCKED_VERBS = (
     "base", "apply", "export", "build", "test-files", "rebase", "check", "upstream",
     "bench",
 )  # fmt: skip
 
 
+def _locked(args) -> bool:
+    return args.verb in LOCKED_VERBS or (args.verb == "pin" and args.submodule)
+
+
 def _run(args) -> int:
-    if args.verb not in LOCKED_VERBS:
+    if not _locked(args):
         return args.func(args)
-    from vstack import locks
+    from vstack import journal, locks
 
     project = _project(args)
     with locks.project_lock(project.root, args.verb):
         locks.recover(project.cache, project.repo)
+        journal.recover(
+            project.root,
+            project.cache,
+            lambda s: print(f"vstack: {s}", file=sys.stderr),
+        )
         return args.func(args)
 
 
