@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -237,7 +240,12 @@ def parser() -> argparse.ArgumentParser:
         "and vllm/_version.py. Also writes dist/Dockerfile and dist/build.json. Two "
         "builds of the same inputs are byte-identical.",
     )  # fmt: skip
-    s.add_argument("--out", help="output folder (default: dist/)")
+    s.add_argument(
+        "--out",
+        help="output folder (default: dist/); one of its own: a new or empty folder, "
+        "or one an earlier `vstack build --out` made (earlier wheels there are "
+        "replaced); any other non-empty folder is refused",
+    )
     s.set_defaults(func=run_build)
 
     s = sub.add_parser(
@@ -429,13 +437,43 @@ def _run(args) -> int:
         return args.func(args)
 
 
+def _os_error(e: OSError) -> str:
+    """One line for a failure of the environment (disk, permissions, network)."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+    what = e.strerror or str(e) or type(e).__name__
+    cannot = (
+        " (vstack cannot write there: give it a folder it can, e.g. "
+        "VSTACK_WHEEL_CACHE for the wheel cache, --out for a build)"
+    )
+    hint = {
+        errno.ENOSPC: " (the disk is full: free some space and rerun; what was "
+        "interrupted is finished or undone by the next vstack command)",
+        errno.EDQUOT: " (disk quota exceeded)",
+        errno.EROFS: cannot,
+        errno.EACCES: cannot,
+        errno.EPERM: cannot,
+    }.get(e.errno, "")
+    return f"{where}: {what}{hint}" if where else f"{what}{hint}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return _run(args)
+        rc = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit as a traceback
+        return rc
     except VstackError as e:
         print(f"vstack: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("vstack: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (vstack pin | head -1): stop quietly, as git does;
+        # output still buffered must not raise again at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:
+        print(f"vstack: error: {_os_error(e)}", file=sys.stderr)
+        return 1
