@@ -426,8 +426,9 @@ def test_small_export_refuses_what_a_text_patch_cannot_carry(stack, capsys):
 
 
 def test_small_apply_continue_refuses_a_stray_edit(stack, capsys):
-    """apply --continue, like rebase --continue, commits the stopped patch's files
-    and what the user staged, never an unstaged edit elsewhere."""
+    """apply --continue, like rebase --continue, refuses a stray file before it
+    commits anything (it used to commit the resolution, then stop on the dirty
+    tree, leaving the branch neither stopped nor through)."""
     names = _three(stack)
     bad = stack.root / "patches" / names[0]
     bad.write_text(bad.read_text().replace(" line 4\n", " line FOUR\n"))
@@ -435,9 +436,12 @@ def test_small_apply_continue_refuses_a_stray_edit(stack, capsys):
     state = stack.repo / "vllm/distributed/eplb/state.py"
     state.write_text(state.read_text().replace("line 5\n", "line five\n"))
     (stack.repo / "vllm/stray.py").write_text("oops\n")
+    head = git(stack.repo, "rev-parse", "HEAD")
     capsys.readouterr()
     assert stack.run("apply", "--continue") == 1
     assert "vllm/stray.py" in _error(capsys)
+    assert git(stack.repo, "rev-parse", "HEAD") == head  # nothing committed
+    assert (stack.repo / ".git/rebase-apply").is_dir()  # the resolution still open
     (stack.repo / "vllm/stray.py").unlink()
     assert stack.run("apply", "--continue") == 0
 
