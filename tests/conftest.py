@@ -29,3 +29,17 @@ def stack(tmp_path, monkeypatch) -> Stack:
     # Nor vLLM's per-commit wheel repository: port 9 (discard) refuses at once.
     monkeypatch.setenv("VSTACK_WHEEL_INDEX", "http://127.0.0.1:9")
     return Stack(root, cache, wheel)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The interrupt points tests/test_interrupts.py covered, per verb."""
+    from interrupts import COUNTS
+
+    if not COUNTS:
+        return
+    terminalreporter.section("interrupt points covered (each: SIGINT and SIGKILL)")
+    for verb, c in COUNTS.items():
+        terminalreporter.write_line(
+            f"{verb:<34} {c['points']:>4} points  "
+            f"SIGINT {c.get('SIGINT', 0):>4}  SIGKILL {c.get('SIGKILL', 0):>4}"
+        )

@@ -210,3 +210,84 @@ def test_dockerfile_passes_hadolint(stack):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert p.returncode == 0 and p.stdout == "", p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------- issue 21
+
+
+def test_cr_bytes_a_patch_adds_reach_the_wheel(stack):
+    """A file with CRLF lines: git am stripped the CR (am.keepcr false), so the wheel
+    got LF lines where the patch says CRLF."""
+    assert stack.run("apply") == 0
+    crlf = b"A = 1\r\nB = 2\r\nC = 3\r\n"
+    (stack.repo / "vllm/config.py").write_bytes(crlf)
+    (stack.repo / "vllm/dos.py").write_bytes(b"X = 1\r\n")
+    subprocess.run(["git", "-C", str(stack.repo), "add", "-A"], check=True)
+    subprocess.run(
+        ["git", "-C", str(stack.repo), "-c", "user.name=T", "-c", "user.email=t@x",
+         "commit", "-q", "-m", "[EPLB] CRLF\n\nWindows lines, on purpose.\n\n"
+         "Upstream-Status: pending\nSigned-off-by: T <t@x>"],
+        check=True,
+    )  # fmt: skip
+    assert stack.run("export") == 0
+    patch = (stack.root / "patches/eplb-crlf.patch").read_bytes()
+    assert b"+A = 1\r\n" in patch
+    assert stack.run("build") == 0
+    (whl,) = _built(stack)
+    with zipfile.ZipFile(whl) as zf:
+        assert zf.read("vllm/config.py") == crlf
+        assert zf.read("vllm/dos.py") == b"X = 1\r\n"
+
+
+def test_mode_changes_a_patch_makes_reach_the_wheel(stack):
+    """`new mode 100755` on an existing file (and an executable new file): the
+    wheel kept upstream's mode for a replaced member."""
+    assert stack.run("apply") == 0
+    (stack.repo / "vllm/config.py").chmod(0o755)
+    (stack.repo / "vllm/tool.py").write_text("print('hi')\n")
+    (stack.repo / "vllm/tool.py").chmod(0o755)
+    subprocess.run(["git", "-C", str(stack.repo), "add", "-A"], check=True)
+    subprocess.run(
+        ["git", "-C", str(stack.repo), "-c", "user.name=T", "-c", "user.email=t@x",
+         "commit", "-q", "-m", "[EPLB] Executable\n\nRun it directly.\n\n"
+         "Upstream-Status: pending\nSigned-off-by: T <t@x>"],
+        check=True,
+    )  # fmt: skip
+    assert stack.run("export") == 0
+    patch = (stack.root / "patches/eplb-executable.patch").read_text()
+    assert "old mode 100644\nnew mode 100755\n" in patch
+    assert stack.run("build") == 0
+    (whl,) = _built(stack)
+    with zipfile.ZipFile(whl) as zf:
+        assert (zf.getinfo("vllm/config.py").external_attr >> 16) & 0o777 == 0o755
+        assert (zf.getinfo("vllm/tool.py").external_attr >> 16) & 0o777 == 0o755
+        assert (zf.getinfo("vllm/__init__.py").external_attr >> 16) & 0o777 == 0o644
+
+
+def test_build_out_is_a_folder_of_its_own(stack, tmp_path, capsys):
+    """--out DIR removed the wheels it found there (any vllm-*+eplb.*.whl), whoever
+    had put them there."""
+    mine = tmp_path / "downloads"
+    mine.mkdir()
+    kept = mine / "vllm-0.9.0+eplb.g000000000000-cp38-abi3-manylinux_2_28_x86_64.whl"
+    kept.write_bytes(b"a wheel of the user's")
+    (mine / "notes.txt").write_text("mine\n")
+    capsys.readouterr()
+    assert stack.run("build", "--out", str(mine)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("vstack: error: vstack build: ")
+    assert f"{mine} is not empty and was not made by vstack build" in err[-1]
+    assert kept.read_bytes() == b"a wheel of the user's"
+    assert sorted(p.name for p in mine.iterdir()) == sorted([kept.name, "notes.txt"])
+    # a new folder is build's own: a second build there replaces the first
+    out = tmp_path / "out"
+    assert stack.run("build", "--out", str(out)) == 0
+    first = sorted(p.name for p in out.iterdir())
+    assert ".vstack-out" in first
+    p = stack.root / "patches"
+    assert stack.run("apply") == 0
+    stack.commit_state_edit()
+    assert stack.run("export") == 0 and (p / "eplb-change-line-5.patch").exists()
+    assert stack.run("build", "--out", str(out)) == 0
+    wheels = sorted(x.name for x in out.glob("*.whl"))
+    assert len(wheels) == 1 and wheels[0] not in first

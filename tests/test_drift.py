@@ -78,6 +78,7 @@ def drift(stack, tmp_path, monkeypatch):
             )  # fmt: skip
         return p, summary.read_text(), tmp_path / "out"
 
+    run.folder, run.wheels = folder, wheels
     return run
 
 
@@ -140,3 +141,41 @@ def test_the_drift_job_parses_and_runs_the_script():
     assert uploads and uploads[0]["if"] == "always()"
     # the pinned test lock and torch, as scripts/test installs them
     assert "requirements/cpu-test.txt" in runs and "torch==2.13.0+cpu" in runs
+
+
+def test_drift_out_is_a_folder_of_its_own(stack, tmp_path):
+    """--out DIR was emptied first: --out . deleted the checkout, .git included."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".git").mkdir(parents=True)
+    (checkout / "README.md").write_text("mine\n")
+    for out in (".", "notes"):
+        (checkout / "notes").mkdir(exist_ok=True)
+        (checkout / "notes" / "todo.txt").write_text("mine too\n")
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "drift"), "--root", str(stack.root),
+             "--out", out, "--python", sys.executable],
+            cwd=checkout, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert "is not empty and was not made by scripts/drift" in p.stderr
+        assert "Traceback" not in p.stderr
+        assert (checkout / ".git").is_dir() and (checkout / "README.md").is_file()
+        assert (checkout / "notes" / "todo.txt").read_text() == "mine too\n"
+    # (a folder drift made is its own: tests/test_interrupts.py reruns drift there)
+
+
+def test_drift_is_ok_when_the_stack_pins_the_newest_nightly(stack, drift, capsys):
+    """A stack already on the newest nightly has nothing to rebase: drift exited 1
+    ("... is the current base; nothing to do")."""
+    per_commit_repo(drift.folder, drift.wheels, _sha("ok"))
+    with serve(drift.folder) as url:
+        assert stack.run("rebase", "--onto", "nightly", "--wheel-index", url) == 0
+    git(stack.root, "init", "-q")
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "on the nightly")
+    p, summary, out = drift("ok")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1].startswith("drift: OK")
+    assert "the stack already pins vLLM nightly: nothing to rebase" in summary
+    assert "is vLLM nightly already" in summary.splitlines()[0]
+    assert "- tests: passed" in summary

@@ -72,7 +72,11 @@ def test_rebase_classifies_each_patch_and_stops_at_conflict(stack, two_wheels, c
         "offset",
     ]
     assert report["old"]["version"] == "1.0.0" and report["new"]["version"] == "1.1.0"
-    assert set(report["timings"]) >= {"download", "base_extraction", "apply", "export"}
+    timings = json.loads(
+        (stack.root / ".vstack/reports/rebase-timings.json").read_text()
+    )
+    assert set(timings) >= {"download", "base_extraction", "apply", "export"}
+    assert "timings" not in report  # the report is the same for every run
     md = (stack.root / ".vstack/reports/rebase.md").read_text()
     assert "| 3 | eplb-edit-c.patch | conflict-resolved | vllm/c.py |" in md
     # the refreshed series applies cleanly on the new base and round-trips

@@ -404,13 +404,11 @@ def test_abort_after_a_killed_finish_restores_patches_and_stack_toml(
 ):
     before = stack.snapshot()
     assert stack.run("rebase", "--onto", str(two_wheels)) == 1
-    real = vstack.rebase.record_resolutions
 
     def killed(*args, **kw):
-        real(*args, **kw)
         raise KeyboardInterrupt  # the finish dies after writing patches/ and stack.toml
 
-    monkeypatch.setattr(vstack.rebase, "record_resolutions", killed)
+    monkeypatch.setattr(vstack.rebase, "after_pin_moved", killed)
     assert (
         stack.run("rebase", "--skip", "--reason", "upstream's line 20 does it") == 130
     )

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vstack import gitutil
+from vstack import fsutil, gitutil, synced
 from vstack.base import WORK_BRANCH, Base, ensure_base
 from vstack.config import Project
 from vstack.errors import VstackError
@@ -18,13 +18,24 @@ from vstack.series import hunks_at, load_patch, series_paths
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
 
-# Commits made by apply are reproducible: same base + series -> same commit ids.
-SYNCED_REF = "refs/vstack/synced"
-
 AM_ENV = {
     "GIT_COMMITTER_NAME": gitutil.IDENTITY["GIT_COMMITTER_NAME"],
     "GIT_COMMITTER_EMAIL": gitutil.IDENTITY["GIT_COMMITTER_EMAIL"],
 }
+
+
+def am_continue_env(repo: Path) -> dict[str, str]:
+    """AM_ENV for `git am --continue`, which forgets --committer-date-is-author-date:
+    the committer date is the stopped patch's author date, so a resolution commit is
+    the same whenever (and however often, after an interrupt) it is made."""
+    gitdir = Path(gitutil.out(repo, "rev-parse", "--absolute-git-dir"))
+    script = gitdir / "rebase-apply" / "author-script"
+    env = dict(AM_ENV)
+    if script.is_file():
+        m = re.search(r"^GIT_AUTHOR_DATE='([^']*)'", script.read_text(), re.M)
+        if m:
+            env["GIT_COMMITTER_DATE"] = m.group(1)
+    return env
 
 
 @dataclasses.dataclass
@@ -33,10 +44,20 @@ class PatchResult:
     status: str  # clean | offset | 3way | conflict | empty (nothing left to commit)
     files: list[str] = dataclasses.field(default_factory=list)
     details: list[str] = dataclasses.field(default_factory=list)
+    commit: str | None = None  # HEAD after it went through (not for a conflict)
 
     @property
     def ok(self) -> bool:
         return self.status not in ("conflict", "empty")
+
+
+def dirty_files(repo: Path) -> list[str]:
+    """Paths with changes not committed (staged, unstaged or untracked)."""
+    return [ln[3:] for ln in gitutil.status_porcelain(repo).splitlines()]
+
+
+def _names(paths: list[str], n: int = 3) -> str:
+    return ", ".join(paths[:n]) + (" ..." if len(paths) > n else "")
 
 
 def ensure_clean(repo: Path) -> None:
@@ -46,13 +67,10 @@ def ensure_clean(repo: Path) -> None:
             f"an unfinished {op} is in {repo}: finish it (git -C {repo} am --continue) "
             f"or drop it (git -C {repo} am --abort) first"
         )
-    dirty = gitutil.status_porcelain(repo).splitlines()
+    dirty = dirty_files(repo)
     if dirty:
-        names = ", ".join(ln[3:] for ln in dirty[:3]) + (
-            " ..." if len(dirty) > 3 else ""
-        )
         raise VstackError(
-            f"{repo} has uncommitted changes ({names}): commit them and run "
+            f"{repo} has uncommitted changes ({_names(dirty)}): commit them and run "
             f"`vstack export`, or discard them (untracked files too) with "
             f"`git -C {repo} reset -q --hard && git -C {repo} clean -q -fd`"
         )
@@ -61,8 +79,11 @@ def ensure_clean(repo: Path) -> None:
 def _check(
     repo: Path, patch: Path
 ) -> tuple[bool, list[str], list[tuple[str, int | None]]]:
-    """git apply --check: (applies, offset notes, failing (file, line))."""
-    p = gitutil.git(repo, "apply", "--check", "--verbose", str(patch), check=False)
+    """git apply --check against HEAD (the index, which apply_one has checked to be
+    HEAD's): (applies, offset notes, failing (file, line))."""
+    p = gitutil.git(
+        repo, "apply", "--check", "--cached", "--verbose", str(patch), check=False
+    )
     text = p.stdout + p.stderr
     offsets = re.findall(r"Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\)\.", text)
     fails: list[tuple[str, int | None]] = []
@@ -112,49 +133,104 @@ def rejected_hunks(repo: Path, patch: Path, info) -> list[str]:
     return found
 
 
+# What git am says when it refuses to touch the work tree: never the patch's fault.
+_REFUSALS = re.compile(
+    r"Your local changes to the following files would be overwritten|"
+    r"does not match index|already exists in working directory|"
+    r"would be overwritten by merge|untracked working tree files would be"
+)
+
+
+def repo_state(repo: Path) -> tuple[str | None, str | None, list[str]]:
+    """(HEAD, the branch checked out or None, paths with changes not committed), in
+    one `git status`."""
+    text = gitutil.git(
+        repo, "status", "--porcelain=v2", "--branch", "--untracked-files=all", "-z"
+    ).stdout
+    head = branch = None
+    dirty: list[str] = []
+    fields = text.split("\0")
+    i = 0
+    while i < len(fields):
+        f = fields[i]
+        i += 1
+        if f.startswith("# branch.oid "):
+            oid = f.split(" ", 2)[2]
+            head = None if oid == "(initial)" else oid
+        elif f.startswith("# branch.head "):
+            name = f.split(" ", 2)[2]
+            branch = None if name == "(detached)" else name
+        elif f.startswith(("1 ", "u ")):
+            dirty.append(f.split(" ", 8 if f[0] == "1" else 10)[-1])
+        elif f.startswith("2 "):
+            dirty.append(f.split(" ", 9)[-1])
+            i += 1  # the original path of a rename
+        elif f.startswith(("? ", "! ")):
+            dirty.append(f[2:])
+    return head, branch, dirty
+
+
+def head_and_dirt(repo: Path) -> tuple[str | None, list[str]]:
+    head, _, dirty = repo_state(repo)
+    return head, dirty
+
+
 def apply_one(repo: Path, patch: Path) -> PatchResult:
-    """Apply one patch on HEAD with git am -3 and classify how it went."""
+    """Apply one patch on HEAD with git am -3 and classify how it went. The work
+    tree must be clean: git am refuses a file with changes of someone else's, and
+    the refusal is neither a conflict nor the patch's fault."""
     _, info = load_patch(patch)
+    before, dirty = head_and_dirt(repo)
+    if dirty:
+        raise VstackError(
+            f"cannot apply {patch.name} in {repo}: uncommitted changes there "
+            f"({_names(dirty)}) that are not part of any patch; commit them (they "
+            f"become part of the previous patch's resolution only if you amend it) or "
+            f"discard them (git -C {repo} checkout -- <file>), then rerun"
+        )
     applies, offsets, fails = _check(repo, patch)
-    before = gitutil.rev_parse(repo, "HEAD")
     p = gitutil.git(
         repo, "am", "--3way", "--keep", "--committer-date-is-author-date", "--quiet",
         str(patch), check=False, env=AM_ENV,
     )  # fmt: skip
     if p.returncode == 0:
-        if gitutil.rev_parse(repo, "HEAD") == before:
+        after = gitutil.rev_parse(repo, "HEAD")
+        if after == before:
             # git am -3 says "No changes -- Patch already applied." and commits nothing.
             return PatchResult(
                 patch.name, "empty", info.files,
                 ["the 3-way merge left no change: the base already has all of it"],
+                after,
             )  # fmt: skip
         if applies and not offsets:
-            return PatchResult(patch.name, "clean", info.files)
+            return PatchResult(patch.name, "clean", info.files, [], after)
         if applies:
-            return PatchResult(patch.name, "offset", info.files, offsets)
+            return PatchResult(patch.name, "offset", info.files, offsets, after)
         return PatchResult(
             patch.name, "3way", info.files,
-            [f"{f}:{ln} needed a 3-way merge" for f, ln in fails],
+            [f"{f}:{ln} needed a 3-way merge" for f, ln in fails], after,
         )  # fmt: skip
     conflicted = gitutil.out(
         repo, "diff", "--name-only", "--diff-filter=U"
     ).splitlines()
     said = (p.stdout + p.stderr).splitlines()
     fatal = [ln for ln in said if ln.startswith("fatal:")]
+    refused = [ln for ln in said if _REFUSALS.search(ln)]
     lock = gitutil.held_lock(p.stdout + p.stderr)
-    if lock or (not conflicted and (applies or fatal)):
-        # Not the patch's fault (a lock, a full disk, ...): never call this a conflict,
-        # or a --skip would record the patch as superseded.
+    if lock or refused or (not conflicted and (applies or fatal)):
+        # Not the patch's fault (a lock, a refusal to overwrite, a full disk, ...):
+        # never call this a conflict, or a --continue would commit what is there as
+        # the patch and a --skip would record it as superseded.
         why = (
             f"{lock} exists (a git is running there, or was killed)"
             if lock
-            else (fatal or [ln for ln in said if ln.strip()] or ["?"])[-1]
+            else (refused or fatal or [ln for ln in said if ln.strip()] or ["?"])[-1]
         )
         if gitutil.op_in_progress(repo):
             gitutil.git(repo, "am", "--abort", check=False)
         raise VstackError(
             f"git am of {patch.name} failed in {repo} for a reason other than a "
-            f"conflict: {why}"
+            f"conflict: {why.strip()}"
         )
     details = rejected_hunks(repo, patch, info) if fails else []
     if not details:
@@ -177,12 +253,18 @@ def start_work_branch(repo: Path, base: Base, branch: str = WORK_BRANCH) -> None
     gitutil.git(repo, "checkout", "-q", "-f", "-B", branch, base.commit)
 
 
-def backup_branch(repo: Path, branch: str = WORK_BRANCH) -> str | None:
-    """Keep the branch's tip under refs/vstack/backup/ before it is reset."""
-    tip = gitutil.rev_parse(repo, f"refs/heads/{branch}")
+def backup_branch(
+    repo: Path, branch: str = WORK_BRANCH, tip: str | None = None
+) -> str | None:
+    """Keep the branch's tip (or `tip`) under refs/vstack/backup/ before it is reset
+    (a name of its own, also for two resets in one second)."""
+    tip = tip or gitutil.rev_parse(repo, f"refs/heads/{branch}")
     if tip is None:
         return None
-    ref = f"refs/vstack/backup/{branch}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = f"refs/vstack/backup/{branch}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ref, n = stem, 2
+    while gitutil.rev_parse(repo, ref) not in (None, tip):
+        ref, n = f"{stem}-{n}", n + 1
     gitutil.git(repo, "update-ref", ref, tip)
     return ref
 
@@ -203,46 +285,64 @@ def apply_patches(
     return results
 
 
-# ---------------------------------------------------------------- a stopped apply
-# While `vstack apply` is stopped at patch k, the work branch holds patches 1..k-1
-# only: exporting it would delete k..n from patches/. The stop is recorded until the
-# series is through (apply --continue) or the branch is rebuilt.
-STOP_FILE = "apply-stopped.json"
+# ---------------------------------------------------------------- the apply journal
+# .vstack/apply.json exists from the moment `vstack apply` begins to rebuild the work
+# branch until the branch holds the whole series (and synced.json says so):
+#   state "running": an apply (or apply --continue, which resumes from "resume", the
+#     user's resolution commit) is at work, or was interrupted: the commits on the
+#     branch past "old_tip"/"resume" are vstack's own, and a rerun rebuilds them;
+#   state "stopped": patch "index" (1-based) did not apply; the branch holds the
+#     patches before it ("before"); what is committed past "before" is the user's.
+# While it exists the branch lacks the end of the series: export refuses.
+JOURNAL = "apply.json"
+_LEGACY_STOP = "apply-stopped.json"  # written by vstack before the journal
 
 
-def stopped_apply(project: Project) -> dict | None:
-    path = project.cache / STOP_FILE
-    if (
-        not path.is_file()
-        or gitutil.rev_parse(project.repo, f"refs/heads/{WORK_BRANCH}") is None
-    ):
+def load_journal(project: Project) -> dict | None:
+    if gitutil.rev_parse(project.repo, f"refs/heads/{WORK_BRANCH}") is None:
         return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return {"series": [], "index": 0, "before": None}
+    for name, state in ((JOURNAL, None), (_LEGACY_STOP, "stopped")):
+        path = project.cache / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except ValueError:
+                data = {}
+            if not isinstance(data, dict):
+                data = {}
+            data.setdefault("state", state or "running")
+            data.setdefault("series", [])
+            return data
+    return None
 
 
-def _save_stop(project: Project, names: list[str], index: int) -> None:
-    path = project.cache / STOP_FILE
-    data = {
-        "series": names,
-        "index": index,  # 1-based position of the patch that stopped
-        "before": gitutil.rev_parse(project.repo, "HEAD"),
-    }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+def save_journal(project: Project, data: dict) -> None:
+    fsutil.write_text(project.cache / JOURNAL, json.dumps(data, indent=1) + "\n")
 
 
-def clear_stop(project: Project) -> None:
-    (project.cache / STOP_FILE).unlink(missing_ok=True)
+def clear_journal(project: Project) -> None:
+    fsutil.remove(project.cache / JOURNAL)
+    fsutil.remove(project.cache / _LEGACY_STOP)
 
 
 def require_whole_series(project: Project) -> None:
-    """Refuse when the work branch lacks the end of the series (a stopped apply)."""
-    stop = stopped_apply(project)
-    if stop is None:
+    """Refuse when the work branch lacks the end of the series: an apply stopped
+    at a patch, or one that was interrupted."""
+    j = load_journal(project)
+    if j is None:
         return
-    names, k = stop.get("series", []), stop.get("index", 0)
+    names = j.get("series", [])
+    if j["state"] != "stopped":
+        raise VstackError(
+            f"the last `vstack apply` was interrupted before branch '{WORK_BRANCH}' "
+            f"held the whole series: exporting it would delete patches from patches/. "
+            + (
+                "Run `vstack apply --continue` (it resumes after your resolution)"
+                if j.get("resume")
+                else "Run `vstack apply` again"
+            )
+        )
+    k = j.get("index", 0)
     name = names[k - 1] if 0 < k <= len(names) else "?"
     missing = len(names) - k + 1 if names else "some"
     raise VstackError(
@@ -253,15 +353,84 @@ def require_whole_series(project: Project) -> None:
     )
 
 
-def unexported_work(project: Project, base: Base) -> list[str]:
-    """patches/ files the work branch would change, if it has commits made since the
-    last apply/export (empty when the branch is exactly what vstack left there)."""
+def refuse_during_rebase(project: Project, verb: str) -> None:
+    if (project.cache / "rebase" / "state.json").is_file():
+        raise VstackError(
+            f"a rebase is in progress (.vstack/rebase/): `vstack {verb}` would work on "
+            f"a series that is half on the old base and half on the new; finish it "
+            f"with `vstack rebase --continue` or undo it with `vstack rebase --abort`"
+        )
+
+
+def descends(repo: Path, base: str, tip: str) -> bool:
+    p = gitutil.git(repo, "merge-base", "--is-ancestor", base, tip, check=False)
+    return p.returncode == 0
+
+
+def foreign_base_note(project: Project, base: Base, tip: str) -> str:
+    """Says which base (other than the pinned one) a work branch was built on."""
+    record = synced.load(project)
+    hint = ""
+    out = gitutil.git(
+        project.repo, "for-each-ref", "--format=%(refname:short) %(objectname)",
+        "refs/heads/base/", check=False,
+    ).stdout  # fmt: skip
+    for line in out.splitlines():
+        name, sha = line.split(" ", 1)
+        if sha != base.commit and descends(project.repo, sha, tip):
+            hint = f" (it is built on {name.removeprefix('base/')}, {sha[:12]})"
+            break
+    if not hint and record and record.get("base") not in (None, base.commit):
+        hint = f" (it was built on {record['base'][:12]})"
+    return (
+        f"branch '{WORK_BRANCH}' does not descend from the pinned base {base.version} "
+        f"({base.commit[:12]}){hint}: stack.toml was re-pinned since it was built"
+    )
+
+
+def unexported_work(project: Project, base: Base, j: dict | None = None) -> str | None:
+    """Why the work branch may hold commits of the user's that patches/ lacks (None
+    when everything on it is what vstack put there, or exported)."""
+    repo = project.repo
+    tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
+    if tip is None:
+        return None
+    if j is not None:
+        if j["state"] == "running" and not j.get("resume"):
+            if tip != j.get("old_tip"):
+                return None  # an interrupted apply's own commits
+        elif j["state"] == "stopped" and tip == j.get("before"):
+            return None  # the patches before the stop: vstack's own
+        else:
+            return (
+                f"branch '{WORK_BRANCH}' in {repo} holds your resolution of "
+                f"{_stop_name(j)}: `vstack apply --continue` to apply the rest of the "
+                f"series after it"
+            )
+    record = synced.load(project)
+    if record and tip == record["work"]:
+        return None
+    if not descends(repo, base.commit, tip):
+        return (
+            f"{foreign_base_note(project, base, tip)}; its commits cannot be compared "
+            f"with patches/"
+        )
     from vstack.export import unexported_changes
 
-    tip = gitutil.rev_parse(project.repo, f"refs/heads/{WORK_BRANCH}")
-    if tip is None or tip == gitutil.rev_parse(project.repo, SYNCED_REF):
-        return []
-    return unexported_changes(project, base)
+    changed = unexported_changes(project, base)
+    if changed:
+        return (
+            f"branch '{WORK_BRANCH}' in {repo} has commits that patches/ does not have "
+            f"({', '.join(changed[:3])}): run `vstack export` first"
+        )
+    return None
+
+
+def _stop_name(j: dict) -> str:
+    names, k = j.get("series", []), j.get("index", 0)
+    if j.get("resume"):
+        k = j.get("next", 0)
+    return names[k - 1] if 0 < k <= len(names) else "the stopped patch"
 
 
 def cmd_apply(project: Project, force: bool = False, cont: bool = False) -> int:
@@ -270,37 +439,29 @@ def cmd_apply(project: Project, force: bool = False, cont: bool = False) -> int:
     patches = series_paths(project.patches_dir)
     base = ensure_base(project)
     repo = project.repo
+    refuse_during_rebase(project, "apply")
+    j = load_journal(project)
+    if j and j["state"] == "running" and gitutil.op_in_progress(repo):
+        gitutil.git(repo, "am", "--abort", check=False)  # the interrupted apply's
     ensure_clean(repo)
-    changed = unexported_work(project, base)
-    if changed:
-        if not force:
-            hint = (
-                "`vstack apply --continue` to apply the rest of the series after the "
-                "resolved patch"
-                if stopped_apply(project)
-                else "run `vstack export` first"
-            )
-            raise VstackError(
-                f"branch '{WORK_BRANCH}' in {repo} has commits that patches/ does not have "
-                f"({', '.join(changed[:3])}): {hint}, or "
-                f"`vstack apply --force` to start over (the old tip is kept as a backup ref)"
-            )
-        log_ref = backup_branch(repo)
-        print(f"vstack: old work branch kept as {log_ref}")
-    start_work_branch(repo, base)
-    clear_stop(project)
-    try:
-        rc = _apply_and_report(project, base, patches)
-    finally:
-        mark_synced(repo)
-    return rc
-
-
-def mark_synced(repo: Path) -> None:
-    """Record that the work branch holds nothing patches/ lacks (after apply/export)."""
     tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
-    if tip:
-        gitutil.git(repo, "update-ref", SYNCED_REF, tip)
+    if not force:
+        why = unexported_work(project, base, j)
+        if why:
+            raise VstackError(
+                f"{why}; or `vstack apply --force` to start over (the old tip is kept "
+                f"as a backup ref)"
+            )
+    # From here until the series is through, the branch is vstack's to rebuild.
+    save_journal(project, {
+        "state": "running", "series": [p.name for p in patches],
+        "base": base.commit, "old_tip": tip,
+    })  # fmt: skip
+    record = synced.load(project)
+    if force and tip and tip != base.commit and tip != (record or {}).get("work"):
+        print(f"vstack: old work branch kept as {backup_branch(repo)}")
+    start_work_branch(repo, base)
+    return _apply_and_report(project, base, patches)
 
 
 def _stopped_hint(project: Project, r: PatchResult) -> None:
@@ -320,18 +481,35 @@ def _stopped_hint(project: Project, r: PatchResult) -> None:
     )
 
 
+def _finish_or_stop(
+    project: Project, base: str, names: list[str], results: list[PatchResult], k: int
+) -> int:
+    """After patches from position k (1-based) on were applied: record the stop, or
+    that the branch now holds the whole series (synced.json, then no journal)."""
+    repo = project.repo
+    if results and not results[-1].ok:
+        save_journal(project, {
+            "state": "stopped", "series": names, "base": base,
+            "index": k + len(results) - 1,
+            "before": gitutil.rev_parse(repo, "HEAD"),
+        })  # fmt: skip
+        _stopped_hint(project, results[-1])
+        return 1
+    synced.save(project, gitutil.rev_parse(repo, "HEAD"), base)
+    clear_journal(project)
+    return 0
+
+
 def _apply_and_report(project: Project, base: Base, patches: list[Path]) -> int:
     repo = project.repo
     print(
         f"vstack: applying {len(patches)} patch(es) onto {base.version} ({base.commit[:12]}, from {base.source})"
     )
     results = apply_patches(repo, patches)
-    if results and not results[-1].ok:
-        _save_stop(project, [p.name for p in patches], len(results))
-        _stopped_hint(project, results[-1])
-        return 1
-    print(f"vstack: work branch '{WORK_BRANCH}' ready in {repo}")
-    return 0
+    rc = _finish_or_stop(project, base.commit, [p.name for p in patches], results, 1)
+    if rc == 0:
+        print(f"vstack: work branch '{WORK_BRANCH}' ready in {repo}")
+    return rc
 
 
 def conflict_markers(repo: Path, files: list[str]) -> list[str]:
@@ -347,20 +525,77 @@ def conflict_markers(repo: Path, files: list[str]) -> list[str]:
     return found
 
 
+def stray_changes(repo: Path, allowed: set[str]) -> list[str]:
+    """Changes in repo's work tree that a --continue must not commit: unstaged or
+    untracked ones outside `allowed` (the stopped patch's files and those left
+    unmerged). What the user staged is part of the resolution."""
+    text = gitutil.status_porcelain(repo)
+    found = []
+    for ln in text.splitlines():
+        x, y, path = ln[0], ln[1], ln[3:]
+        path = path.split(" -> ")[-1]
+        if path in allowed or x == "U" or y == "U":
+            continue
+        if ln.startswith("??") or y != " ":
+            found.append(path)
+    return found
+
+
 def cmd_apply_continue(project: Project) -> int:
-    """After a stopped apply: commit the resolved patch, apply the rest."""
-    stop = stopped_apply(project)
-    if stop is None:
+    """After a stopped apply: commit the resolved patch, apply the rest. After an
+    interrupted --continue: resume after the resolution, as that run would have."""
+    j = load_journal(project)
+    if j is None or not (j["state"] == "stopped" or j.get("resume")):
         raise VstackError("no stopped `vstack apply` to continue")
+    refuse_during_rebase(project, "apply --continue")
     patches = series_paths(project.patches_dir)
     names = [p.name for p in patches]
-    if names != stop.get("series"):
+    if names != j.get("series"):
         raise VstackError(
             "patches/series changed since `vstack apply` stopped: run `vstack apply` "
             "again (--force to drop the work branch's commits)"
         )
     repo = project.repo
-    k = stop["index"]
+    base = j.get("base") or ensure_base(project).commit
+    if j["state"] == "stopped":
+        k = j["index"]
+        _commit_resolution(project, j, patches)
+        ensure_clean(repo)
+        resume = gitutil.rev_parse(repo, "HEAD")
+        save_journal(project, {
+            "state": "running", "series": names, "base": base, "resume": resume,
+            "next": k, "old_tip": resume,
+        })  # fmt: skip
+    else:
+        k, resume = j["next"], j["resume"]
+        if gitutil.op_in_progress(repo):
+            gitutil.git(repo, "am", "--abort", check=False)  # the interrupted run's
+        head = gitutil.rev_parse(repo, "HEAD")
+        if head != resume:
+            if not descends(repo, resume, head):
+                raise VstackError(
+                    f"branch '{WORK_BRANCH}' no longer holds your resolution of "
+                    f"{names[k - 1]} ({resume[:12]}): `vstack apply --continue` cannot "
+                    f"resume; `vstack apply` starts over"
+                )
+            gitutil.git(repo, "reset", "-q", "--hard", resume)
+        ensure_clean(repo)
+    print(f"  [{k}/{len(names)}] resolved {names[k - 1]}")
+    results = apply_patches(repo, patches[k:], first=k + 1, total=len(names))
+    rc = _finish_or_stop(project, base, names, results, k + 1)
+    if rc == 0:
+        print(
+            f"vstack: work branch '{WORK_BRANCH}' holds the whole series in {repo}; "
+            f"`vstack export` writes the resolution of {names[k - 1]} into patches/"
+        )
+    return rc
+
+
+def _commit_resolution(project: Project, j: dict, patches: list[Path]) -> None:
+    repo = project.repo
+    k = j["index"]
+    names = j["series"]
+    _, info = load_patch(patches[k - 1])
     if gitutil.op_in_progress(repo):
         unmerged = gitutil.out(
             repo, "diff", "--name-only", "--diff-filter=U"
@@ -371,32 +606,25 @@ def cmd_apply_continue(project: Project) -> int:
                 f"unresolved conflict markers in {', '.join(left)}; resolve them, then "
                 f"`vstack apply --continue`"
             )
-        _, info = load_patch(patches[k - 1])
+        stray = stray_changes(repo, set(unmerged) | set(info.files))
+        if stray:
+            raise VstackError(
+                f"changes outside {names[k - 1]}'s files in {repo} ({_names(stray)}): "
+                f"--continue would commit them as part of the patch; `git add` them if "
+                f"they belong to the resolution, else commit or discard them elsewhere"
+            )
         # The patch's own files (and any left unmerged) hold the resolution.
         for f in sorted(set(unmerged) | set(info.files)):
-            gitutil.git(
-                repo, "add", "-A", "--", f, check=False
-            )  # absent: nothing to add
-        p = gitutil.git(repo, "am", "--continue", check=False, env=AM_ENV)
+            gitutil.git(repo, "add", "-A", "--", f, check=False)  # absent: nothing
+        p = gitutil.git(
+            repo, "am", "--continue", check=False, env=am_continue_env(repo)
+        )
         if p.returncode != 0:
             said = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
             raise VstackError(f"git am --continue failed in {repo}: {said[-1:]}")
-    if gitutil.rev_parse(repo, "HEAD") == stop.get("before"):
+    if gitutil.rev_parse(repo, "HEAD") == j.get("before"):
         raise VstackError(
             f"{names[k - 1]} is not on branch '{WORK_BRANCH}' (the `git am` was aborted "
             f"or skipped): commit its resolution there and `vstack apply --continue`, or "
             f"fix patches/{names[k - 1]} and `vstack apply`"
         )
-    ensure_clean(repo)
-    print(f"  [{k}/{len(names)}] resolved {names[k - 1]}")
-    results = apply_patches(repo, patches[k:], first=k + 1, total=len(names))
-    if results and not results[-1].ok:
-        _save_stop(project, names, k + len(results))
-        _stopped_hint(project, results[-1])
-        return 1
-    clear_stop(project)
-    print(
-        f"vstack: work branch '{WORK_BRANCH}' holds the whole series in {repo}; "
-        f"`vstack export` writes the resolution of {names[k - 1]} into patches/"
-    )
-    return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -104,7 +103,7 @@ def import_wheel(repo: Path, wheel: Path, ref: str, sha256: str) -> dict:
             f"Skipped: {skipped['compiled']} compiled files, {{binary}} binary files\n"
         )
         stream, counts = _fast_import_stream(zf, members, ref, message)
-    proc = subprocess.run(
+    proc = gitutil.run(
         ["git", "-C", str(repo), "fast-import", "--quiet", "--date-format=raw"],
         input=stream,
         capture_output=True,

@@ -117,10 +117,14 @@ def bench_rebase(project: Project, onto: str) -> int:
         state_path = copy.cache / "rebase" / "state.json"
         if rc != 0:
             data = json.loads(state_path.read_text())
+            timings = data["timings"]
             cmd_abort(copy)
         else:
             data = json.loads(report_path.read_text())
-        timings = data["timings"]
+            # the report has no timings (it is the same for every run of one rebase)
+            timings = json.loads(
+                (copy.cache / "reports" / "rebase-timings.json").read_text()
+            )
         rows = data.get("results") or data.get("patches") or []
         statuses = {r["patch"]: r["status"] for r in rows}
     print(f"\n{'step':<20}{'seconds':>10}")

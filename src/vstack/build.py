@@ -13,15 +13,15 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 import re
 import sys
 import time
 from pathlib import Path
 
-from vstack import gitutil
+from vstack import fsutil, gitutil
 from vstack.base import Base, ensure_base, pinned_wheel
 from vstack.config import Pin, Project
+from vstack.errors import VstackError
 from vstack.export import applied_tip
 from vstack.series import series_digest, series_paths
 from vstack.wheelzip import (
@@ -97,6 +97,9 @@ class BuildPlan:
     dist_info_old: str
     dist_info_new: str
     replaced: dict[str, bytes]  # member name -> new bytes (same name)
+    # member name -> whether the series leaves it executable (mode 100755), for each
+    # replaced member: `new mode 100755` in a patch reaches the wheel
+    executable: dict[str, bool]
     added: dict[str, tuple[bytes, int]]  # member name -> (bytes, external attr)
     deleted: set[str]
     outside: list[str]  # series files outside the wheel's packages (tests, docs)
@@ -118,22 +121,37 @@ def plan_build(
     packages = {
         n.split("/", 1)[0] for n in names if ".dist-info/" not in n and "/" in n
     }
-    replaced, added, deleted, outside = {}, {}, set(), []
+    replaced, added, deleted, outside, executable = {}, {}, set(), [], {}
     for status, path, mode in changes:
+        if status != "D" and mode not in ("100644", "100755"):
+            raise ValueError(
+                f"{path} has mode {mode} in the applied series (a symlink or a "
+                f"submodule): a wheel carries regular files only"
+            )
         if path.split("/", 1)[0] not in packages:
             outside.append(path)
         elif status == "D":
             deleted.add(path)
         elif path in names:
             replaced[path] = blobs[path]
+            executable[path] = mode == "100755"
         else:
             attr = (0o100755 if mode == "100755" else 0o100644) << 16
             added[path] = (blobs[path], attr)
     wheel_name = source_name.replace(f"vllm-{pin_version}-", f"vllm-{version}-", 1)
     return BuildPlan(
         version, wheel_name, dist_old, f"vllm-{version}.dist-info",
-        replaced, added, deleted, sorted(outside),
+        replaced, executable, added, deleted, sorted(outside),
     )  # fmt: skip
+
+
+def with_mode(attr: int, executable: bool | None) -> int:
+    """A member's external attributes with the x bits the series gives it (the
+    other bits as upstream has them)."""
+    x = 0o111 << 16
+    if executable is None or bool(attr & x) == executable:
+        return attr
+    return attr | x if executable else attr & ~x
 
 
 def write_wheel(
@@ -175,7 +193,8 @@ def write_wheel(
                 record.append(upstream_record.get(m.name) or [m.name, "", ""])
             elif m.name in replaced:
                 data = replaced[m.name]
-                w.add(m.name, data, central_date_time(m), central_external_attr(m))
+                attr = with_mode(central_external_attr(m), plan.executable.get(m.name))
+                w.add(m.name, data, central_date_time(m), attr)
                 record.append([m.name, record_hash(data), str(len(data))])
         w.copy_raw(run)
         for name in sorted(plan.added):
@@ -206,7 +225,7 @@ def write_wheel(
         w.f.close()
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, out)
+    fsutil.replace(tmp, out)
 
 
 def dockerfile(pin: Pin, plan: BuildPlan, n_patches: int) -> str:
@@ -246,7 +265,11 @@ def earlier_builds(out_dir: Path, label: str, current: str) -> list[Path]:
 
 def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
     log = log or (lambda s: print(s, file=sys.stderr))
+    # An --out folder must be build's own: the earlier builds it removes there are
+    # then wheels it wrote, never a user's files (dist/ is vstack's by definition).
+    default = out_dir is None
     out_dir = out_dir or project.dist
+    fsutil.own_folder(out_dir, "vstack build", default, create=False)
     pin = project.pin
     t0 = time.perf_counter()
     patches = series_paths(project.patches_dir)
@@ -259,17 +282,20 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
     blobs = gitutil.read_blobs(project.repo, tip, wanted)
     upstream = wheel_dist_version(members, wheel.name)
     version = local_version(upstream, local_label(project.label, patches))
-    plan = plan_build(members, changes, blobs, upstream, version, wheel.name)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan = plan_build(members, changes, blobs, upstream, version, wheel.name)
+    except ValueError as e:
+        raise VstackError(f"cannot build: {e}") from None
+    fsutil.own_folder(out_dir, "vstack build", default)
     out = out_dir / plan.wheel_name
     log(
         f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new files) ..."
     )
     write_wheel(wheel, members, plan, out)
-    (out_dir / "Dockerfile").write_text(dockerfile(pin, plan, len(patches)))
-    (out_dir / ".dockerignore").write_text(dockerignore(plan.wheel_name))
+    fsutil.write_text(out_dir / "Dockerfile", dockerfile(pin, plan, len(patches)))
+    fsutil.write_text(out_dir / ".dockerignore", dockerignore(plan.wheel_name))
     for old in earlier_builds(out_dir, project.label, plan.wheel_name):
-        old.unlink(missing_ok=True)
+        fsutil.remove(old)
         log(f"vstack: removed the earlier build {old.name}")
     info = {
         "version": version,
@@ -284,7 +310,7 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
         "outside_wheel": plan.outside,
         "seconds": round(time.perf_counter() - t0, 3),
     }  # fmt: skip
-    (out_dir / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    fsutil.write_text(out_dir / "build.json", json.dumps(info, indent=2) + "\n")
     return info
 
 

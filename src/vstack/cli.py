@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -62,7 +65,7 @@ def run_apply(args):
 def run_export(args):
     from vstack.export import cmd_export
 
-    return cmd_export(_project(args), check=args.check)
+    return cmd_export(_project(args), check=args.check, force=args.force)
 
 
 def run_build(args):
@@ -207,13 +210,25 @@ def parser() -> argparse.ArgumentParser:
         "export", help="write the work branch back into patches/ and patches/series",
         description="Deterministic git format-patch (zeroed commit ids, full index, no "
         "signature, no stat, subject kept). Without a work branch, exports the series "
-        "applied afresh (a round trip). The previous patches/ is saved under "
-        ".vstack/backup/ before anything changes.",
+        "applied afresh (a round trip). Refuses while a rebase, a git am or an apply "
+        "is unfinished, when the work branch is not built on the pinned base, when a "
+        "commit cannot become a patch that applies and builds as committed (empty, "
+        "binary, a symlink, not UTF-8), and when patches/ changed since the last "
+        "apply/export (a pull: `vstack apply` picks it up; --force overwrites it). "
+        "Writes patches/series and the patches it lists in one journaled change; "
+        "*.patch files not listed there are named, never removed. The previous "
+        "patches/ is saved under .vstack/backup/ before anything changes.",
     )  # fmt: skip
     s.add_argument(
         "--check",
         action="store_true",
         help="change nothing; exit 1 and list the files if exporting would change patches/",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="write the work branch over patches/ even though patches/ changed since "
+        "the last apply/export (the previous patches/ is saved under .vstack/backup/)",
     )
     s.set_defaults(func=run_export)
 
@@ -225,7 +240,12 @@ def parser() -> argparse.ArgumentParser:
         "and vllm/_version.py. Also writes dist/Dockerfile and dist/build.json. Two "
         "builds of the same inputs are byte-identical.",
     )  # fmt: skip
-    s.add_argument("--out", help="output folder (default: dist/)")
+    s.add_argument(
+        "--out",
+        help="output folder (default: dist/); one of its own: a new or empty folder, "
+        "or one an earlier `vstack build --out` made (earlier wheels there are "
+        "replaced); any other non-empty folder is refused",
+    )
     s.set_defaults(func=run_build)
 
     s = sub.add_parser(
@@ -389,31 +409,71 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# Verbs that write to .vstack/ (the stack repository, dist/): one at a time per project.
+# Verbs that write to .vstack/ (the stack repository, dist/) or to the project: one
+# at a time per project, each after finishing what an interrupted one left.
 LOCKED_VERBS = (
     "base", "apply", "export", "build", "test-files", "rebase", "check", "upstream",
     "bench",
 )  # fmt: skip
 
 
+def _locked(args) -> bool:
+    return args.verb in LOCKED_VERBS or (args.verb == "pin" and args.submodule)
+
+
 def _run(args) -> int:
-    if args.verb not in LOCKED_VERBS:
+    if not _locked(args):
         return args.func(args)
-    from vstack import locks
+    from vstack import journal, locks
 
     project = _project(args)
     with locks.project_lock(project.root, args.verb):
         locks.recover(project.cache, project.repo)
+        journal.recover(
+            project.root,
+            project.cache,
+            lambda s: print(f"vstack: {s}", file=sys.stderr),
+        )
         return args.func(args)
+
+
+def _os_error(e: OSError) -> str:
+    """One line for a failure of the environment (disk, permissions, network)."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+    what = e.strerror or str(e) or type(e).__name__
+    cannot = (
+        " (vstack cannot write there: give it a folder it can, e.g. "
+        "VSTACK_WHEEL_CACHE for the wheel cache, --out for a build)"
+    )
+    hint = {
+        errno.ENOSPC: " (the disk is full: free some space and rerun; what was "
+        "interrupted is finished or undone by the next vstack command)",
+        errno.EDQUOT: " (disk quota exceeded)",
+        errno.EROFS: cannot,
+        errno.EACCES: cannot,
+        errno.EPERM: cannot,
+    }.get(e.errno, "")
+    return f"{where}: {what}{hint}" if where else f"{what}{hint}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return _run(args)
+        rc = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit as a traceback
+        return rc
     except VstackError as e:
         print(f"vstack: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("vstack: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (vstack pin | head -1): stop quietly, as git does;
+        # output still buffered must not raise again at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:
+        print(f"vstack: error: {_os_error(e)}", file=sys.stderr)
+        return 1

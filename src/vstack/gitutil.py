@@ -31,7 +31,9 @@ _PINNED_CONFIG = [
     "format.numbered=false",
     "commit.gpgSign=false",
     "am.threeWay=false",
-    "am.keepcr=false",
+    # A CR byte a patch adds (a file with CRLF lines) is content: it must reach the
+    # commit, and so the wheel, as the patch says (git am strips it otherwise).
+    "am.keepcr=true",
     "advice.detachedHead=false",
     "gc.auto=0",
     "core.hooksPath=/dev/null",
@@ -50,13 +52,19 @@ IDENTITY = {
 FIXED_DATE = "1700000000 +0000"
 
 
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """Every git process vstack starts goes through here (tests/interrupts.py stops
+    a run at each call in turn, to check that recovery from there is exact)."""
+    return subprocess.run(cmd, **kw)
+
+
 @functools.cache
 def _user_safe_directories() -> tuple[str, ...]:
     """safe.directory entries of the user's global and system configuration: the one
     setting of them that vstack keeps (a checkout owned by another user stays usable)."""
     found: list[str] = []
     for scope in ("--system", "--global"):
-        p = subprocess.run(
+        p = run(
             ["git", "config", scope, "--get-all", "safe.directory"],
             capture_output=True, encoding="utf-8", errors="replace", cwd=os.sep,
         )  # fmt: skip
@@ -113,7 +121,7 @@ def git(
     cmd += list(args)
     if isinstance(input, str) and not text:
         input = input.encode()
-    proc = subprocess.run(
+    proc = run(
         cmd,
         input=input,
         capture_output=True,
@@ -157,7 +165,7 @@ def rev_parse(repo: Path | str, rev: str) -> str | None:
 def is_repo(path: Path) -> bool:
     if not path.exists():
         return False
-    p = subprocess.run(
+    p = run(
         ["git", "-C", str(path), "rev-parse", "--show-toplevel"],
         capture_output=True,
         encoding="utf-8",
@@ -173,7 +181,13 @@ def status_porcelain(repo: Path | str) -> str:
 
 def op_in_progress(repo: Path) -> str | None:
     """Name of a git am/rebase/merge/cherry-pick left unfinished in repo, if any."""
-    gitdir = Path(out(repo, "rev-parse", "--absolute-git-dir"))
+    dotgit = Path(repo) / ".git"
+    # A repository's own .git folder needs no git call; a worktree's .git is a file.
+    gitdir = (
+        dotgit
+        if dotgit.is_dir()
+        else Path(out(repo, "rev-parse", "--absolute-git-dir"))
+    )
     for marker, name in (
         ("rebase-apply", "git am / rebase"),
         ("rebase-merge", "git rebase"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import math
 import os
 import re
@@ -168,19 +169,31 @@ def nearest_record(root: Path, name: str, target: str, after: str) -> Path | Non
 
 
 def _timeout() -> float:
-    return float(os.environ.get("VSTACK_DOWNLOAD_TIMEOUT") or 60)
+    from vstack.fetch import download_timeout
+
+    return download_timeout()
 
 
 def _open(url: str):
+    timeout = _timeout()
     req = urllib.request.Request(url, headers={"User-Agent": "vstack"})
     try:
-        return urllib.request.urlopen(req, timeout=_timeout())
+        return urllib.request.urlopen(req, timeout=timeout)
     except urllib.error.HTTPError as e:
         raise VstackError(f"{url}: HTTP {e.code} {e.reason}") from None
     except urllib.error.URLError as e:
+        if isinstance(e.reason, TimeoutError):
+            raise VstackError(f"no answer from {url} in {timeout:g} s") from None
         raise VstackError(f"cannot reach {url}: {e.reason}") from None
     except TimeoutError:
-        raise VstackError(f"no answer from {url} in {_timeout():.0f} s") from None
+        raise VstackError(f"no answer from {url} in {timeout:g} s") from None
+    except (http.client.HTTPException, OSError) as e:
+        # e.g. RemoteDisconnected: the server closed the connection unanswered
+        raise VstackError(f"{url}: the server gave no answer ({_why(e)})") from None
+
+
+def _why(e: BaseException) -> str:
+    return str(e) or type(e).__name__
 
 
 def fetch_text(url: str) -> str:
@@ -188,7 +201,9 @@ def fetch_text(url: str) -> str:
         try:
             return r.read().decode("utf-8", errors="replace")
         except TimeoutError:
-            raise VstackError(f"{url} stalled for {_timeout():.0f} s") from None
+            raise VstackError(f"{url} stalled for {_timeout():g} s") from None
+        except (http.client.HTTPException, OSError) as e:
+            raise VstackError(f"{url}: the answer was cut off ({_why(e)})") from None
 
 
 def download(url: str, dest: Path, expected: str | None = None) -> str:
@@ -209,7 +224,12 @@ def download(url: str, dest: Path, expected: str | None = None) -> str:
                     chunk = r.read(1 << 20)
                 except TimeoutError:
                     raise VstackError(
-                        f"{url} stalled for {_timeout():.0f} s after {done / 1e6:.0f} MB"
+                        f"{url} stalled for {_timeout():g} s after {done / 1e6:.0f} MB"
+                    ) from None
+                except (http.client.HTTPException, OSError) as e:
+                    raise VstackError(
+                        f"{url}: the download was cut off after {done / 1e6:.0f} MB "
+                        f"({_why(e)}); nothing was cached"
                     ) from None
                 if not chunk:
                     break
@@ -226,12 +246,24 @@ def download(url: str, dest: Path, expected: str | None = None) -> str:
                         file=sys.stderr,
                     )
             if total and done != total:
-                raise VstackError(f"{url}: got {done} of {total} bytes")
+                raise VstackError(
+                    f"{url}: got {done} of {total} bytes (cut off); nothing was cached"
+                )
         digest = h.hexdigest()
         if expected and digest != expected:
             raise VstackError(
                 f"sha256 mismatch for {url}: expected {expected}, got {digest}"
             )
+        if not expected:
+            # Nothing to check the bytes against (no #sha256= in the index, no
+            # Content-Length): at least they must be a whole wheel, or a cut download
+            # would be cached as the wheel and fail every later run.
+            problem = incomplete_wheel(tmp)
+            if problem:
+                raise VstackError(
+                    f"{url}: the download is not a whole wheel ({problem}; cut off?); "
+                    f"nothing was cached"
+                )
         os.replace(tmp, dest)
         return digest
     finally:
@@ -280,6 +312,19 @@ def _full_commit(project: Project, base: str, short: str) -> str:
     )
 
 
+def incomplete_wheel(path: Path) -> str | None:
+    """Why the file at path is not a whole zip archive (None when it is one)."""
+    from vstack.wheelzip import read_members
+
+    try:
+        members, _ = read_members(path)
+    except VstackError as e:
+        return str(e).removeprefix(f"{path}: ")
+    if not members:
+        return "an empty archive"
+    return None
+
+
 def _cached_or_download(project: Project, link: Link) -> tuple[Path, str]:
     from vstack.fetch import sha256_file
 
@@ -290,6 +335,12 @@ def _cached_or_download(project: Project, link: Link) -> tuple[Path, str]:
             raise VstackError(
                 f"sha256 mismatch for the cached {dest}: the index says {link.sha256}, "
                 f"the file has {digest}"
+            )
+        problem = None if link.sha256 else incomplete_wheel(dest)
+        if problem:
+            raise VstackError(
+                f"the cached {dest} is not a whole wheel ({problem}): a download cut "
+                f"off by an older vstack? Remove it and rerun (it is downloaded again)"
             )
         print(f"vstack: using the cached {dest}", file=sys.stderr)
         return dest, digest

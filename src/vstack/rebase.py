@@ -1,9 +1,14 @@
 """vstack rebase: move the series onto a new vLLM base, patch by patch, with a report.
 
-State lives in .vstack/rebase/state.json while a rebase is in progress; stack.toml and
-patches/ are written only when every patch is through, so --abort has only the
-stack repository's work branch to put back, and, after a run killed while writing
-them, patches/ and stack.toml from the copy saved in .vstack/rebase/saved/.
+State lives in .vstack/rebase/state.json while a rebase is in progress (written
+atomically; its appearance is the moment the rebase begins, its removal the moment
+it ends). It is a record of results, not of where git is: every step first
+re-derives that from the stack repository (HEAD must be the last result's commit;
+a `git am` or a checkout that a killed run left is undone) before trusting it.
+stack.toml, patches/ and the records are written only when every patch is through,
+in one journaled change (vstack.journal), so --abort has only the work branch to
+put back, and, after a run killed while writing them, patches/ and stack.toml from
+the copy saved in .vstack/rebase/saved/.
 """
 
 from __future__ import annotations
@@ -11,21 +16,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from vstack import gitutil, records
+from vstack import fsutil, gitutil, records, synced
 from vstack.apply import (
-    AM_ENV,
-    SYNCED_REF,
     PatchResult,
+    am_continue_env,
     apply_one,
-    clear_stop,
+    backup_branch,
+    clear_journal,
+    descends,
     ensure_clean,
-    mark_synced,
+    load_journal,
+    repo_state,
+    require_whole_series,
+    stray_changes,
     unexported_work,
 )
 from vstack.base import (
@@ -87,13 +95,33 @@ def classify_target(onto: str, git_path: str | None) -> str:
     )
 
 
+def _revert_depth(subject: str) -> int:
+    """How many times a subject reverts what it quotes: `Revert "X"` 1, `Revert
+    "Revert "X""` or `Reapply "X"` 2 (git's names for a revert of a revert)."""
+    s = re.sub(r"^[0-9a-f]{4,40} ", "", subject)
+    depth = 0
+    while True:
+        if s.startswith('Revert "'):
+            depth, s = depth + 1, s[len('Revert "') :]
+        elif s.startswith('Reapply "'):
+            depth, s = depth + 2, s[len('Reapply "') :]
+        else:
+            return depth
+
+
 def pr_in_subjects(pr: str, subjects: list[str]) -> str | None:
-    """The subject that names upstream PR `pr` as vLLM's squash merges do: '(#123)'."""
+    """The subject by which upstream PR `pr` is in, as vLLM's squash merges name it
+    ('(#123)'), unless a later revert took it out again. subjects: newest first, as
+    git log lists them."""
     num = re.sub(r"\D", "", pr.rsplit("/", 1)[-1])
     if not num:
         return None
     pat = re.compile(rf"\(#{num}\)|(?<![\w/])#{num}\b")
-    return next((s for s in subjects if pat.search(s)), None)
+    merged = None
+    for s in reversed(subjects):
+        if pat.search(s):
+            merged = None if _revert_depth(s) % 2 else s
+    return merged
 
 
 def ours_ranges(text: str) -> list[tuple[int, int]]:
@@ -173,9 +201,6 @@ def render_report(report: dict) -> str:
         )
     if report.get("stopped_at"):
         lines += ["", f"Stopped at {report['stopped_at']}: the rebase is not finished."]
-    t = report.get("timings", {})
-    if t:
-        lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -226,16 +251,25 @@ class State:
     @classmethod
     def load(cls, project: Project) -> State | None:
         p = project.cache / "rebase" / "state.json"
-        return cls(p, json.loads(p.read_text())) if p.is_file() else None
+        if not p.is_file():
+            return None
+        try:
+            return cls(p, json.loads(p.read_text()))
+        except ValueError:
+            raise VstackError(
+                f"{p} is not JSON (damaged?): the rebase it records cannot be resumed "
+                f"or aborted by vstack; check patches/ and stack.toml with git status, "
+                f"then remove {p.parent}"
+            ) from None
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.path)
+        fsutil.write_text(self.path, json.dumps(self.data, indent=1))
 
     def clear(self) -> None:
-        shutil.rmtree(self.path.parent, ignore_errors=True)
+        # state.json first: once it is gone the rebase is over, whatever of the
+        # folder a kill leaves (the next rebase removes that).
+        fsutil.remove(self.path)
+        fsutil.remove_tree(self.path.parent)
 
 
 # ---------------------------------------------------------------- steps
@@ -372,7 +406,7 @@ def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchR
     # The commit gets the port's own message: the record's hash trailer stays out.
     with tempfile.TemporaryDirectory(prefix="vstack-record-") as tmp:
         port = Path(tmp) / record.name
-        port.write_text(records.strip_patch_hash(text))
+        port.write_bytes(records.strip_patch_hash(text).encode())
         r = apply_one(repo, port)
     r.patch = patch.name
     if r.status == "conflict":
@@ -424,6 +458,7 @@ def _merged_away(repo: Path, before: str, files: list[str], top: set[str]) -> bo
 def _stale_record_result(name: str, where: str, want: str, have: str, files) -> dict:
     return {
         "patch": name, "status": "stale-record", "files": files, "record": where,
+        "head": None,
         "details": [
             f"{where} was recorded from another version of patches/{name} "
             f"(Resolves-Patch-Sha256 {want[:12]}, the patch is now {have[:12]}): "
@@ -432,18 +467,67 @@ def _stale_record_result(name: str, where: str, want: str, have: str, files) -> 
     }  # fmt: skip
 
 
+def _expected_head(d: dict) -> str:
+    """Where the work branch must be for the rebase to go on from its state: the
+    commit of the last patch that went through (or HEAD before a stop)."""
+    for r in reversed(d["results"]):
+        if r.get("commit") or r.get("head"):
+            return r.get("commit") or r["head"]
+    return d["new_base"]
+
+
+def _resync(project: Project, d: dict) -> None:
+    """Put the stack repository where the state says the rebase is, undoing what a
+    killed run left (a `git am` half done, a commit the state does not record, the
+    checkout of the new base not made yet), instead of trusting that it is there."""
+    repo = project.repo
+    expected = _expected_head(d)
+    if gitutil.op_in_progress(repo):
+        gitutil.git(repo, "am", "--abort", check=False)
+    head, branch, dirty = repo_state(repo)
+    if head == expected and branch == WORK_BRANCH:
+        if dirty:
+            raise VstackError(
+                f"uncommitted changes in {repo} ({', '.join(dirty[:3])}) that no patch "
+                f"made: the next patch would be applied over them. Put them aside (git "
+                f"-C {repo} stash -u) or discard them (git -C {repo} reset -q --hard && "
+                f"git -C {repo} clean -q -fd); then --continue"
+            )
+        return
+    if dirty:
+        raise VstackError(
+            f"{repo} is not where the rebase left it (HEAD {str(head)[:12]}, the rebase "
+            f"is at {expected[:12]}) and has uncommitted changes "
+            f"({', '.join(dirty[:3])}): vstack will not discard them; put them aside "
+            f"(git -C {repo} stash -u) or discard them, then --continue (or --abort)"
+        )
+    # Commits past where the state says the rebase is (a killed `git am`'s, or
+    # someone's) are kept under a ref before HEAD goes back; old_work is in the state.
+    tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
+    for sha in dict.fromkeys((head, tip)):
+        if sha not in (None, d.get("old_work")) and not descends(repo, sha, expected):
+            ref = backup_branch(repo, "rebase-found", sha)
+            print(
+                f"vstack: commits the rebase did not record kept as {ref}",
+                file=sys.stderr,
+            )
+    gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, expected)
+
+
 def _run_patches(project: Project, state: State) -> int:
     repo = project.repo
     d = state.data
+    _resync(project, d)
     patches = [project.patches_dir / n for n in d["patches"]]
     subjects = d.get("upstream_subjects")
     version = d["new_pin"]["version"]
     top = base_top_dirs(repo, d["new_base"])
     t = time.perf_counter()
+    head = _expected_head(d)  # where _resync has just put HEAD
     while d["next"] < len(patches):
         patch = patches[d["next"]]
         text, info = load_patch(patch)
-        before = gitutil.rev_parse(repo, "HEAD")
+        before = head
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
@@ -463,6 +547,7 @@ def _run_patches(project: Project, state: State) -> int:
             )
             if verdict == "stale":
                 res = _stale_record_result(patch.name, where, want, have, info.files)
+                res["head"] = before
                 return _stop(project, state, res, t)
             if verdict == "unverifiable":
                 notes.append(
@@ -487,6 +572,7 @@ def _run_patches(project: Project, state: State) -> int:
                     + (f"; {', '.join(rest)} not in the base to compare" if rest else "")
                 ])  # fmt: skip
         res = dataclasses.asdict(r)
+        del res["commit"]
         res["details"] = res["details"] + notes
         if r.status not in ("clean", "dropped-upstream"):
             res["details"] += upstream_provides(repo, d["new_base"], text)
@@ -496,7 +582,9 @@ def _run_patches(project: Project, state: State) -> int:
                 repo, d["old_base"], r.files, subjects is not None
             )
             return _stop(project, state, res, t)
-        res["commit"] = gitutil.rev_parse(repo, "HEAD")
+        if r.status != "dropped-upstream" and r.commit:
+            head = r.commit
+        res["commit"] = head
         d["results"].append(res)
         d["next"] += 1
         print(f"  [{d['next']}/{len(patches)}] {r.status:<16} {patch.name}")
@@ -510,8 +598,10 @@ def _stop(project: Project, state: State, res: dict, t: float) -> int:
     d = state.data
     d["results"].append(res)
     d["timings"]["apply"] = d["timings"].get("apply", 0) + time.perf_counter() - t
-    state.save()
+    # The report first: a run killed between the two is resumed from the state,
+    # which does not record the stop yet, and writes both again.
     md, js = write_report(project, state_report(d))
+    state.save()
     if res["status"] == "stale-record":
         _print_stale(project, res)
     else:
@@ -537,12 +627,13 @@ def state_report(d: dict) -> dict:
         and len(d["results"]) == d["next"] + 1
         else None
     )
+    # No timings: the report is a function of the inputs, the same whether or not
+    # a run was interrupted and resumed (they are printed, and in rebase-timings.json).
     report = {
         "old": {**d["old_pin"], "git": d["old_base"]},
         "new": {**d["new_pin"], "git": d["new_base"]},
         "target": d["target"],
         "patches": d["results"] + pending,
-        "timings": d["timings"],
     }
     if stopped:
         report["stopped_at"] = stopped
@@ -585,10 +676,11 @@ def _finish(project: Project, state: State) -> int:
     d = state.data
     repo = project.repo
     t = time.perf_counter()
-    new = render(repo, d["new_base"], f"refs/heads/{WORK_BRANCH}")
+    tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
+    new = render(repo, d["new_base"], tip)
     new_pin = Pin(**d["new_pin"])
     toml = project.root / STACK_TOML
-    new_toml = render_stack_toml(toml.read_text(), new_pin)
+    new_toml = render_stack_toml(toml.read_text(), new_pin).encode()
     planned = planned_records(project, d)
     # What the writes below change, saved first: --abort after a run killed among
     # them puts back exactly what this rebase wrote (see restore_project_files).
@@ -599,22 +691,26 @@ def _finish(project: Project, state: State) -> int:
         n: records.patch_sha256(new[n]) if n in new else None
         for n in diff_files(old, new)
     })  # fmt: skip
-    fin["stack_toml"] = records.patch_sha256(new_toml.encode())
+    fin["stack_toml"] = records.patch_sha256(new_toml)
     fin["records"].update({
-        path.relative_to(project.root).as_posix(): records.patch_sha256(text.encode())
-        for path, text in planned.items()
+        path.relative_to(project.root).as_posix(): records.patch_sha256(data)
+        for path, data in planned.items()
     })  # fmt: skip
     state.save()
-    write_patches(project.patches_dir, new, project.cache / "backup")
-    toml.write_text(new_toml)
+    # patches/, stack.toml, the records and the sync record change together.
+    extra: dict[str, bytes | None] = {STACK_TOML: new_toml}
+    extra.update(
+        {p.relative_to(project.root).as_posix(): b for p, b in planned.items()}
+    )
+    extra[synced.REL] = synced.record_bytes(tip, d["new_base"], new)
+    write_patches(project, new, "rebase", extra)
     after_pin_moved(project, new_pin)
-    mark_synced(repo)
-    recorded = record_resolutions(project, d, planned)
+    recorded = list(planned)
     d["timings"]["export"] = time.perf_counter() - t
     report = state_report(d)
-    md, js = write_report(project, report)
+    md, js = write_report(project, report, d["timings"])
+    clear_journal(project)  # the work branch now holds the whole (rebased) series
     state.clear()
-    clear_stop(project)  # the work branch now holds the whole (rebased) series
     print(short_table(report))
     kept = sum(r["status"] not in DROPPED for r in d["results"])
     print(
@@ -654,15 +750,19 @@ def _patch_hash(project: Project, d: dict, name: str) -> str | None:
     return records.patch_sha256(path.read_bytes()) if path.is_file() else None
 
 
-def planned_records(project: Project, d: dict) -> dict[Path, str]:
-    """{path: text} of the records this rebase's manual resolutions make, each
+def planned_records(project: Project, d: dict) -> dict[Path, bytes]:
+    """{path: bytes} of the records this rebase's manual resolutions make, each
     carrying the hash of the patch it resolves; paths that exist are left out."""
     out = project.root / RESOLUTIONS / d["new_pin"]["version"]
     planned = {}
     for res in d["results"]:
         sha = _patch_hash(project, d, res["patch"])
         if res["status"] == "conflict-resolved":
-            text = gitutil.git(project.repo, *FORMAT_PATCH, "-1", res["commit"]).stdout
+            # bytes: a CR the port adds is content (text mode would drop it)
+            data = gitutil.git(
+                project.repo, *FORMAT_PATCH, "-1", res["commit"], text=False
+            ).stdout
+            text = data.decode("utf-8", errors="surrogateescape")
             text = records.with_patch_hash(text, sha) if sha else text
         elif res["status"] == "superseded" and res.get("reason"):
             text = superseded_record(
@@ -670,32 +770,35 @@ def planned_records(project: Project, d: dict) -> dict[Path, str]:
             )
         else:
             continue
+        data = text.encode("utf-8", errors="surrogateescape")
         path = out / res["patch"]
-        if path.exists():
-            if path.read_text(errors="replace") != text:
+        fin = (d.get("finishing") or {}).get("records", {})
+        rel = path.relative_to(project.root).as_posix()
+        if path.exists() and fin.get(rel) != records.patch_sha256(path.read_bytes()):
+            if path.read_bytes() != data:
                 print(
                     f"vstack: note: {path.relative_to(project.root)} exists and differs "
                     f"from this rebase's resolution; left as it is",
                     file=sys.stderr,
                 )
             continue
-        planned[path] = text
+        planned[path] = data
     return planned
 
 
 def record_resolutions(
-    project: Project, d: dict, planned: dict[Path, str] | None = None
+    project: Project, d: dict, planned: dict[Path, bytes] | None = None
 ) -> list[Path]:
     """Write what this rebase resolved by hand under resolutions/<version>/, so the
-    next rebase onto the same base (CI, a colleague) replays it. Never overwrites."""
+    next rebase onto the same base (CI, a colleague) replays it. Never overwrites
+    (the finish of a rebase writes them with patches/, see _finish)."""
     if planned is None:
         planned = planned_records(project, d)
     written = []
-    for path, text in planned.items():
+    for path, data in planned.items():
         if path.exists():
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        fsutil.write_bytes(path, data)
         written.append(path)
     return written
 
@@ -706,10 +809,11 @@ def record_resolutions(
 def save_project_files(project: Project, saved: Path) -> None:
     """A copy of patches/ (series + .patch files) and stack.toml as the rebase
     starts: what --abort compares with, and restores after a killed finish."""
-    (saved / "patches").mkdir(parents=True, exist_ok=True)
+    fsutil.remove_tree(saved)  # a copy left by a run killed before it began
     for name, data in current_files(project.patches_dir).items():
-        (saved / "patches" / name).write_bytes(data)
-    shutil.copyfile(project.root / STACK_TOML, saved / STACK_TOML)
+        fsutil.write_bytes(saved / "patches" / name, data)
+    (saved / "patches").mkdir(parents=True, exist_ok=True)
+    fsutil.copy_file(project.root / STACK_TOML, saved / STACK_TOML)
 
 
 def restore_project_files(project: Project, d: dict, saved: Path) -> tuple[list, list]:
@@ -728,9 +832,9 @@ def restore_project_files(project: Project, d: dict, saved: Path) -> tuple[list,
         have = records.patch_sha256(cur[name]) if name in cur else None
         if name in wrote and wrote[name] == have:
             if name in old:
-                target.write_bytes(old[name])
+                fsutil.write_bytes(target, old[name])
             else:
-                target.unlink()
+                fsutil.remove(target)
             restored.append(f"patches/{name}")
         else:
             differs.append(f"patches/{name}")
@@ -739,14 +843,14 @@ def restore_project_files(project: Project, d: dict, saved: Path) -> tuple[list,
     now = toml.read_bytes() if toml.is_file() else b""
     if now != before:
         if fin.get("stack_toml") == records.patch_sha256(now):
-            toml.write_bytes(before)
+            fsutil.write_bytes(toml, before)
             restored.append(STACK_TOML)
         else:
             differs.append(STACK_TOML)
     for rel, sha in fin.get("records", {}).items():
         path = project.root / rel
         if path.is_file() and records.patch_sha256(path.read_bytes()) == sha:
-            path.unlink()
+            fsutil.remove(path)
             restored.append(f"{rel} (removed)")
             with_parent = path.parent
             if with_parent.is_dir() and not any(with_parent.iterdir()):
@@ -754,12 +858,17 @@ def restore_project_files(project: Project, d: dict, saved: Path) -> tuple[list,
     return restored, differs
 
 
-def write_report(project: Project, report: dict) -> tuple[Path, Path]:
+def write_report(
+    project: Project, report: dict, timings: dict | None = None
+) -> tuple[Path, Path]:
     out = project.cache / "reports"
-    out.mkdir(parents=True, exist_ok=True)
     md, js = out / "rebase.md", out / "rebase.json"
-    md.write_text(render_report(report))
-    js.write_text(json.dumps(report, indent=2) + "\n")
+    fsutil.write_text(md, render_report(report))
+    fsutil.write_text(js, json.dumps(report, indent=2) + "\n")
+    if timings is not None:
+        fsutil.write_text(
+            out / "rebase-timings.json", json.dumps(timings, indent=2) + "\n"
+        )
     return md, js
 
 
@@ -796,11 +905,13 @@ def cmd_rebase(
     patches = series_paths(project.patches_dir)
     old_base = pinned_base_anywhere(project)
     repo = project.repo
+    require_whole_series(project)
     ensure_clean(repo)
-    if unexported_work(project, old_base):
+    why = unexported_work(project, old_base, load_journal(project))
+    if why:
         raise VstackError(
-            f"branch '{WORK_BRANCH}' has commits that patches/ does not have: "
-            f"run `vstack export` (or `vstack apply --force`) before rebasing"
+            f"{why} (or `vstack apply --force` to drop it) before rebasing: the "
+            f"rebase moves patches/, not the work branch"
         )
     # git am -3 merges with each patch's preimage blobs, which exist only once the
     # series has been applied on the old base in this repository (a fresh clone
@@ -812,9 +923,12 @@ def cmd_rebase(
         project, onto, git_path, wheel, timings, wheel_index
     )
     if new_base.commit == old_base.commit:
-        raise VstackError(
-            f"{onto} is the current base ({old_base.commit[:12]}); nothing to do"
+        print(
+            f"vstack: {onto} is the pinned base already (vLLM {project.pin.version}, "
+            f"{old_base.commit[:12]}): nothing to rebase"
         )
+        return 0
+    sync_file = project.cache / synced.FILE
     state = State(project.cache / "rebase" / "state.json", {
         "target": onto,
         "old_pin": dataclasses.asdict(project.pin),
@@ -822,7 +936,7 @@ def cmd_rebase(
         "old_base": old_base.commit,
         "new_base": new_base.commit,
         "old_work": work,
-        "old_synced": gitutil.rev_parse(repo, SYNCED_REF),
+        "old_synced_record": sync_file.read_text() if sync_file.is_file() else None,
         "old_head": gitutil.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or gitutil.out(repo, "rev-parse", "HEAD"),
         "patches": [p.name for p in patches],
         "patch_sha256": {p.name: records.patch_sha256(p.read_bytes()) for p in patches},
@@ -833,8 +947,9 @@ def cmd_rebase(
         "upstream_subjects": _upstream_subjects(repo, old_base.commit, new_base.commit),
     })  # fmt: skip
     save_project_files(project, state.path.parent / "saved")
+    # The rebase begins when state.json appears; the work branch moves to the new
+    # base in _run_patches, which checks out wherever the state says HEAD must be.
     state.save()
-    gitutil.git(repo, "checkout", "-q", "-f", "-B", WORK_BRANCH, new_base.commit)
     print(
         f"vstack: rebasing {len(patches)} patch(es): vLLM {project.pin.version} "
         f"({old_base.commit[:12]}) -> {new_pin.version} ({new_base.commit[:12]})"
@@ -849,26 +964,38 @@ def _require_state(project: Project) -> State:
     return state
 
 
+def _stopped(d: dict) -> dict | None:
+    """The result the rebase stopped at (a conflict or a stale record), if any."""
+    last = d["results"][-1] if d["results"] else None
+    if last is not None and len(d["results"]) == d["next"] + 1:
+        return last
+    return None
+
+
 def cmd_continue(project: Project) -> int:
     state = _require_state(project)
     repo = project.repo
     d = state.data
-    last = d["results"][-1] if d["results"] else None
-    stopped = last is not None and len(d["results"]) == d["next"] + 1
-    if stopped and last["status"] == "stale-record":
+    last = _stopped(d)
+    if last and last["status"] == "stale-record":
         d["results"].pop()  # checked again: removed or refreshed by now, or stops again
         return _run_patches(project, state)
-    if not stopped or last["status"] != "conflict":
-        _undo_unfinished_am(repo, d)
-        return _run_patches(project, state)
-    if not gitutil.op_in_progress(repo) and gitutil.rev_parse(repo, "HEAD") == last.get(
-        "head"
-    ):
+    if not last or last["status"] != "conflict":
+        return _run_patches(project, state)  # a killed run: _resync puts HEAD back
+    in_am = gitutil.op_in_progress(repo) is not None
+    head = gitutil.rev_parse(repo, "HEAD")
+    if not in_am and head == last.get("head"):
         # Nothing was committed for the stopped patch and no merge waits: the stop
         # was not a conflict left to resolve here. Try the patch again.
         d["results"].pop()
         print(f"vstack: nothing was resolved for {last['patch']}; applying it again")
         return _run_patches(project, state)
+    if not in_am and not descends(repo, last["head"], head):
+        raise VstackError(
+            f"HEAD of {repo} ({head[:12]}) is not on top of where the rebase stopped "
+            f"({last['head'][:12]}): --continue cannot take it as the resolution of "
+            f"{last['patch']}; check out the resolution there, or --abort"
+        )
     unresolved = []
     for f in last["files"]:
         path = repo / f
@@ -881,12 +1008,22 @@ def cmd_continue(project: Project) -> int:
         raise VstackError(
             f"unresolved conflict markers in {', '.join(unresolved)}; resolve them, then --continue"
         )
-    if (
-        Path(gitutil.out(repo, "rev-parse", "--absolute-git-dir")) / "rebase-apply"
-    ).exists():
+    _, info = load_patch(project.patches_dir / last["patch"])
+    stray = stray_changes(repo, set(last["files"]) | set(info.files))
+    if stray:
+        raise VstackError(
+            f"uncommitted changes outside {last['patch']}'s files in {repo} "
+            f"({', '.join(stray[:3])}): --continue would commit them as part of the "
+            f"patch, or apply the next patches over them. `git add` them if they belong "
+            f"to the resolution; else commit or discard them (git -C {repo} checkout -- "
+            f"<file>), then --continue"
+        )
+    if in_am:
         for f in last["files"]:
             gitutil.git(repo, "add", "--", f, check=False)
-        p = gitutil.git(repo, "am", "--continue", check=False, env=AM_ENV)
+        p = gitutil.git(
+            repo, "am", "--continue", check=False, env=am_continue_env(repo)
+        )
         if p.returncode != 0:
             raise VstackError(
                 f"git am --continue failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}"
@@ -897,18 +1034,6 @@ def cmd_continue(project: Project) -> int:
     state.save()
     print(f"  [{d['next']}/{len(d['patches'])}] conflict-resolved {last['patch']}")
     return _run_patches(project, state)
-
-
-def _undo_unfinished_am(repo: Path, d: dict) -> None:
-    """A `git am` left by a run killed between patches is not a stop to resume:
-    put HEAD back at the last patch that went through."""
-    if not gitutil.op_in_progress(repo):
-        return
-    gitutil.git(repo, "am", "--abort", check=False)
-    last_ok = next(
-        (r["commit"] for r in reversed(d["results"]) if r.get("commit")), d["new_base"]
-    )
-    gitutil.git(repo, "reset", "-q", "--hard", last_ok)
 
 
 def applies_now(repo: Path, patch: Path) -> bool:
@@ -928,8 +1053,8 @@ def cmd_skip(project: Project, reason: str | None) -> int:
     state = _require_state(project)
     repo = project.repo
     d = state.data
-    last = d["results"][-1] if d["results"] else None
-    if not last or last["status"] != "conflict" or len(d["results"]) != d["next"] + 1:
+    last = _stopped(d)
+    if not last or last["status"] != "conflict":
         raise VstackError("--skip: no patch is stopped on a conflict")
     if not reason:
         raise VstackError(
@@ -937,19 +1062,35 @@ def cmd_skip(project: Project, reason: str | None) -> int:
             "(it goes into the report and resolutions/)"
         )
     patch = project.patches_dir / last["patch"]
+    _, info = load_patch(patch)
+    stray = stray_changes(repo, set(last["files"]) | set(info.files))
+    if stray:
+        raise VstackError(
+            f"uncommitted changes outside {last['patch']}'s files in {repo} "
+            f"({', '.join(stray[:3])}): --skip discards what is left of the patch there "
+            f"and would apply the next patches over them; commit or discard them first"
+        )
     if gitutil.op_in_progress(repo):
         gitutil.git(repo, "am", "--abort", check=False)
+    head = gitutil.rev_parse(repo, "HEAD")
+    if head != last["head"]:
+        raise VstackError(
+            f"commits were made in {repo} since the rebase stopped at {last['patch']} "
+            f"(HEAD {head[:12]}, the stop {last['head'][:12]}): --continue takes them as "
+            f"its resolution; to skip it, reset them (git -C {repo} reset --hard "
+            f"{last['head'][:12]}) first"
+        )
     gitutil.git(repo, "reset", "-q", "--hard", "HEAD", check=False)
-    gitutil.git(repo, "clean", "-q", "-fd", check=False)
+    if info.files:
+        gitutil.git(repo, "clean", "-q", "-f", "--", *info.files, check=False)
     if applies_now(repo, patch):
         # A record saying "superseded" would drop this patch on every later rebase.
         raise VstackError(
             f"--skip refused: {last['patch']} applies on the new base (the stop was "
             f"not a conflict); `vstack rebase --continue` applies it"
         )
-    _, info = load_patch(patch)
     last.update(
-        status="superseded", reason=reason, subject=info.subject,
+        status="superseded", reason=reason, subject=info.subject, commit=head,
         details=[f"skipped: {reason}"] + [
             x for x in last["details"] if x.startswith("upstream now has")
         ],
@@ -972,11 +1113,7 @@ def cmd_abort(project: Project) -> int:
     if (
         d.get("finishing")
         and old_link
-        and current_gitlink(project)
-        not in (
-            None,
-            old_link,
-        )
+        and current_gitlink(project) not in (None, old_link)
     ):
         write_gitlink(project, old_link)
         restored.append("the vllm/ gitlink")
@@ -990,10 +1127,11 @@ def cmd_abort(project: Project) -> int:
         gitutil.git(
             repo, "checkout", "-q", "-f", head[len("refs/heads/") :], check=False
         )
-    if d["old_synced"]:
-        gitutil.git(repo, "update-ref", SYNCED_REF, d["old_synced"])
-    else:
-        gitutil.git(repo, "update-ref", "-d", SYNCED_REF, check=False)
+    old_record = d.get("old_synced_record")
+    if old_record:
+        fsutil.write_text(project.cache / synced.FILE, old_record)
+    elif "old_synced_record" in d:
+        synced.clear(project)
     gitutil.git(repo, "clean", "-q", "-fd", check=False)
     # The rebase started with patches/ and stack.toml committed (it refuses
     # otherwise): whatever git sees changed now is a difference, whoever made it.

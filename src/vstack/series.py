@@ -86,6 +86,48 @@ def patch_problems(data: bytes) -> list[tuple[int, str]]:
     if nul != -1:
         line = data.count(b"\n", 0, nul) + 1
         found.append((line, "a NUL byte (binary content in a text patch)"))
+    first = data.split(b"\n", 1)[0]
+    if data.startswith(b"From ") and first.endswith(b"\r"):
+        # format-patch never ends its "From <commit>" line with CR: the whole file
+        # was converted (core.autocrlf on a checkout without .gitattributes).
+        found.append(
+            (
+                1,
+                "CRLF line endings throughout (converted by a checkout with "
+                "core.autocrlf; .gitattributes keeps patches byte-exact: check "
+                "patches/ out again)",
+            )
+        )
+    found += _diff_problems(data)
+    return found
+
+
+# What a text patch cannot carry into the wheel (mode 120000: a symlink, 160000: a
+# submodule; a binary diff): such a patch is refused, not built without it.
+_DIFF_PROBLEMS = (
+    (re.compile(rb"^(?:new file |new |deleted file )?mode 120000$"),
+     "a symlink (mode 120000), which a wheel cannot carry"),
+    (re.compile(rb"^(?:new file |new |deleted file )?mode 160000$"),
+     "a submodule (mode 160000), which a wheel cannot carry"),
+    (re.compile(rb"^GIT binary patch$|^Binary files .* differ$"),
+     "a binary change, which a text patch does not carry (git writes no content)"),
+)  # fmt: skip
+
+
+def _diff_problems(data: bytes) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    in_diff = False
+    for n, line in enumerate(data.split(b"\n"), 1):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"diff --git "):
+            in_diff = True
+            continue
+        if not in_diff or line[:1] in (b"+", b"-", b" "):
+            continue
+        for pat, what in _DIFF_PROBLEMS:
+            if pat.match(line):
+                found.append((n, what))
+                break
     return found
 
 

@@ -41,17 +41,17 @@ def upstream_url(project: Project, flag: str | None = None) -> str | None:
 def ls_remote(url: str, *patterns: str) -> list[tuple[str, str]]:
     """(sha, ref) pairs the remote advertises for patterns; one-line error if it
     cannot be reached."""
-    timeout = float(os.environ.get("VSTACK_DOWNLOAD_TIMEOUT") or 60)
+    from vstack.fetch import download_timeout
+
+    timeout = download_timeout()
     try:
-        p = subprocess.run(
+        p = gitutil.run(
             ["git", "ls-remote", url, *patterns],
             capture_output=True, text=True, timeout=timeout,
             env=gitutil.git_env(user_config=True),  # the user's proxy, insteadOf
         )  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise VstackError(
-            f"git ls-remote {url}: no answer in {timeout:.0f} s"
-        ) from None
+        raise VstackError(f"git ls-remote {url}: no answer in {timeout:g} s") from None
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
         raise VstackError(f"git ls-remote {url} failed: {last}")

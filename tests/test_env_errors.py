@@ -1,0 +1,167 @@
+"""Issue 21: a problem of the environment (network, disk, permissions, pipes,
+settings) is one line naming the cause and a non-zero exit, never a traceback; and
+a download cut short is never cached as the wheel."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from vstack_testlib import ROOT, git, make_wheel, per_commit_repo, serve
+
+import vstack.wheelzip
+
+SHA = "c" * 40
+VERSION = f"1.0.1.dev7+g{SHA[:9]}"
+WHEEL = f"vllm-{VERSION}-cp38-abi3-manylinux_2_31_x86_64.whl"
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("vstack: error: "), err
+    assert not any("Traceback" in ln for ln in err)
+    return err[-1]
+
+
+class _Hangup:
+    """A server that accepts each connection and closes it without a word."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_server_that_closes_without_answering(stack, capsys):
+    server = _Hangup()
+    try:
+        assert (
+            stack.run("rebase", "--onto", "nightly", "--wheel-index", server.url) == 1
+        )
+    finally:
+        server.close()
+    line = _one_line(capsys)
+    assert f"{server.url}/nightly/vllm/" in line and "gave no answer" in line
+
+
+def test_a_non_numeric_download_timeout(stack, monkeypatch, capsys):
+    monkeypatch.setenv("VSTACK_DOWNLOAD_TIMEOUT", "ten")
+    for args in (["rebase", "--onto", "nightly"], ["pin", "--submodule"]):
+        if args[0] == "pin":
+            (stack.root / ".gitmodules").write_text(
+                '[submodule "vllm"]\n\tpath = vllm\n\turl = /nonexistent\n'
+            )
+            git(stack.root, "init", "-q")
+        stack.run(*args)
+        err = capsys.readouterr().err
+        assert "VSTACK_DOWNLOAD_TIMEOUT='ten' is not a number of seconds" in err, args
+        assert "Traceback" not in err
+
+
+def _unwritable() -> Path:
+    """A folder nobody, root included, can create anything in."""
+    sysfs = Path("/sys")
+    if not sysfs.is_dir():
+        pytest.skip("no /sys")
+    return sysfs / "vstack-test-cannot-exist"
+
+
+def test_an_unwritable_home(stack, monkeypatch, capsys):
+    """HOME where nothing can be written, no VSTACK_WHEEL_CACHE: the wheel cache
+    cannot be made."""
+    home = _unwritable()
+    monkeypatch.delenv("VSTACK_WHEEL_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    assert stack.run("build") == 1
+    line = _one_line(capsys)
+    assert str(home) in line
+
+
+def test_a_read_only_out_folder(stack, capsys):
+    out = _unwritable() / "dist"
+    assert stack.run("build", "--out", str(out)) == 1
+    line = _one_line(capsys)
+    assert str(_unwritable()) in line
+
+
+def test_a_full_disk(stack, monkeypatch, capsys):
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(vstack.wheelzip, "_copy_range", full)
+    assert stack.run("build") == 1
+    line = _one_line(capsys)
+    assert "No space left on device" in line and "the disk is full" in line
+    dist = stack.root / "dist"
+    left = [p.name for p in dist.iterdir()] if dist.is_dir() else []
+    assert not [n for n in left if ".whl" in n], left  # no partial wheel left
+
+
+def test_a_closed_pipe(stack):
+    """`vstack pin | head -1`: the reader is gone before vstack writes."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "vstack", "--root", str(stack.root), "pin"],
+            stdout=w, stderr=subprocess.PIPE, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    assert p.returncode != 0
+    assert p.stderr == ""  # as git or cat: no traceback, no "Exception ignored"
+
+
+# ---------------------------------------------------------------- a cut download
+
+
+def _nightly_repo(tmp_path, stack) -> Path:
+    wheel = make_wheel(tmp_path / "built" / WHEEL, VERSION, "g" + SHA[:9])
+    return per_commit_repo(tmp_path / "repo", {SHA: wheel}, SHA)
+
+
+def test_a_cut_download_is_not_cached_as_the_wheel(stack, tmp_path, capsys):
+    """The index gives no #sha256= and the server no Content-Length for the
+    missing part: the first half of the wheel used to be cached and fail every
+    later run."""
+    folder = _nightly_repo(tmp_path, stack)
+    served = folder / SHA / WHEEL
+    whole = served.read_bytes()
+    served.write_bytes(whole[: len(whole) // 2])
+    with serve(folder) as url:
+        assert stack.run("rebase", "--onto", "nightly", "--wheel-index", url) == 1
+    line = _one_line(capsys)
+    assert "not a whole wheel" in line and "nothing was cached" in line
+    assert not (stack.cache / WHEEL).exists()
+    assert not list(stack.cache.glob(".download-*"))
+    # a cut file an older vstack did cache: named, with what to do
+    (stack.cache / WHEEL).write_bytes(whole[: len(whole) // 2])
+    served.write_bytes(whole)
+    with serve(folder) as url:
+        assert stack.run("rebase", "--onto", "nightly", "--wheel-index", url) == 1
+    line = _one_line(capsys)
+    assert f"the cached {stack.cache / WHEEL} is not a whole wheel" in line
+    assert "Remove it and rerun" in line
