@@ -246,8 +246,9 @@ def parser() -> argparse.ArgumentParser:
         "says why it exists and has Upstream-Status: (and Upstream-PR: once submitted); "
         "new Python files carry vLLM's SPDX header lines; no trailing whitespace or new "
         "direct torch.cuda calls in added lines; Triton imported only through "
-        "vllm.triton_utils and regex instead of re (vLLM's import hooks, restated); every "
-        "commit is signed off by its author. With a vLLM checkout (the populated vllm/ "
+        "vllm.triton_utils and regex instead of re (vLLM's import hooks, restated); a "
+        "Signed-off-by, if any, is a person's (no bot or placeholder); Depends-On: names "
+        "an earlier patch. With a vLLM checkout (the populated vllm/ "
         "submodule, or --git PATH) whose pinned commit has .pre-commit-config.yaml, and "
         "pre-commit installed, vLLM's own hooks also run on each patch's files (the "
         "patch staged on its parent; SKIP=hook,... skips some).",
