@@ -78,13 +78,6 @@ def forbidden_import(file: str, line: str) -> str | None:
     return None
 
 
-def author_signed_off(text: str, signoffs: list[str]) -> tuple[bool, str | None]:
-    """(whether the patch's From: author is among its Signed-off-by lines, author)."""
-    m = re.search(r"^From: (.+)$", text, re.M)
-    author = m.group(1).strip() if m else None
-    return author is not None and author in [s.strip() for s in signoffs], author
-
-
 def _added_lines(text: str):
     """(patch line number, target file, new-file line number, text) of each added line."""
     file, new_no = None, 0
