@@ -50,6 +50,17 @@ from vllm.model_executor.layers.fused_moe.prepare_megamoe import (  # noqa: E402
     prepare_megamoe_inputs,
 )
 from vllm.model_executor.layers.fused_moe.router import base_router  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+
+if not hasattr(base_router, "_eplb_map_and_record_triton"):
+    # vLLM defines the router kernel on CUDA-alike and XPU platforms only: on CPU,
+    # execute the module once more as there, so that the cross-check runs the
+    # production kernel under the interpreter.
+    import importlib  # noqa: E402
+    from unittest import mock  # noqa: E402
+
+    with mock.patch.object(current_platform, "is_cuda_alike", lambda: True):
+        base_router = importlib.reload(base_router)
 
 RANKS, LOGICAL, REDUNDANT, TOP_K = 32, 384, 32, 6
 PHYSICAL = LOGICAL + REDUNDANT

@@ -28,6 +28,8 @@ def stack(tmp_path, monkeypatch) -> Stack:
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     # Nor vLLM's per-commit wheel repository: port 9 (discard) refuses at once.
     monkeypatch.setenv("VSTACK_WHEEL_INDEX", "http://127.0.0.1:9")
+    # Nobody signs off a draft unless a test says so.
+    monkeypatch.delenv("VSTACK_SIGNOFF", raising=False)
     return Stack(root, cache, wheel)
 
 

@@ -33,13 +33,19 @@ def test_clean_patch_passes(stack, capsys):
 
 
 def test_each_problem_is_reported_with_location(stack, capsys):
-    msg = "[EPLB] Add a module\n\nshort\n\nSigned-off-by: Someone Else <e@x>"
+    msg = (
+        "[EPLB] Add a module\n\nshort\n\n"
+        "Signed-off-by: vLLM EPLB Stack <eplb-stack@users.noreply.github.com>"
+    )
     _export(stack, "vllm/new_mod.py", "X = 1   \ntorch.cuda.synchronize()\n", msg)
     (stack.root / "patches" / "stray.patch").write_text("x")
     found = "\n".join(_messages(stack))
     assert "patches/eplb-add-a-module.patch:1: no description" in found
     assert "no Upstream-Status: trailer" in found
-    assert "no Signed-off-by from the author T <t@x>" in found
+    assert (
+        "Signed-off-by: vLLM EPLB Stack <eplb-stack@users.noreply.github.com>: "
+        "'vLLM EPLB Stack' is a bot or tool, not a person" in found
+    )
     assert "trailing whitespace in vllm/new_mod.py:1" in found
     assert "new direct torch.cuda call in vllm/new_mod.py:2" in found
     assert "new file vllm/new_mod.py lacks vLLM's SPDX header lines" in found
@@ -57,10 +63,30 @@ def test_submitted_needs_pr_and_missing_entry(stack):
     assert "gone.patch does not exist" in found
 
 
-def test_unsigned_commit(stack):
+def test_signoff_is_not_needed_but_must_be_a_persons(stack):
+    """The person who sends a PR signs it off (vstack upstream --signoff): a
+    patch of the stack needs none, and one it carries must not be a bot's or a
+    placeholder's."""
     msg = "[EPLB] Add a module\n\nThe module exists for a reason worth a sentence.\n\nUpstream-Status: pending"
-    _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", msg)
-    assert any("not signed off" in m for m in _messages(stack))
+    patch = _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", msg)
+    assert _messages(stack) == []
+    text = patch.read_text()
+    for who, why in [
+        ("Ann <ann@example.com>", "placeholder address"),
+        ("CI Bot <ci@lee.dev>", "is a bot or tool"),
+        ("Ann <noreply@lee.dev>", "no-reply"),
+        ("someone", "not 'Name <email>'"),
+    ]:
+        signed = text.replace(
+            "Upstream-Status: pending",
+            f"Upstream-Status: pending\nSigned-off-by: {who}",
+        )
+        assert any(why in f.message for f in lint_patch("x.patch", signed)), who
+    person = text.replace(
+        "Upstream-Status: pending",
+        "Upstream-Status: pending\nSigned-off-by: Ada Lovelace <ada@lovelace.dev>",
+    )
+    assert lint_patch("x.patch", person) == []
 
 
 def test_recorded_resolutions_follow_the_patch_rules(stack, capsys):
@@ -76,7 +102,7 @@ def test_recorded_resolutions_follow_the_patch_rules(stack, capsys):
     )
     assert lint_resolutions(stack.root) == []
     (rec / "c.patch").write_text(superseded_record("[EPLB] C", "1.1.0", ""))
-    (rec / "d.patch").write_text(good.replace("Signed-off-by: T <t@x>\n", ""))
+    (rec / "d.patch").write_text(good.replace("Upstream-Status: pending\n", ""))
     (rec / "notes.txt").write_text("x")
     found = [str(f) for f in lint_resolutions(stack.root)]
     assert any(
@@ -84,7 +110,7 @@ def test_recorded_resolutions_follow_the_patch_rules(stack, capsys):
         for f in found
     )
     assert any(
-        f.startswith("resolutions/1.1.0/d.patch:1:") and "signed off" in f
+        f.startswith("resolutions/1.1.0/d.patch:1:") and "Upstream-Status" in f
         for f in found
     )
     assert "resolutions/1.1.0/notes.txt:1: not a .patch file" in found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -101,63 +102,63 @@ def upstream_stack(stack, tmp_path):
     return up
 
 
-def test_branch_commits_dependencies_and_body(stack, upstream_stack, capsys):
+def test_dependency_is_named_not_carried(stack, upstream_stack, capsys):
     up = upstream_stack
     capsys.readouterr()
     assert stack.run("upstream", "eplb-perf-use-helper-in-step.patch") == 0
     out = capsys.readouterr().out
-    assert "depends on: eplb-add-helper.patch" in out
+    # no Depends-On: trailer, but it imports a module the helper patch adds
+    assert "depends on: eplb-add-helper.patch" in out and "[inferred]" in out
     branch = "vstack/eplb-perf-use-helper-in-step-v1"
     subjects = git(up, "log", "--format=%s", f"HEAD..{branch}").split("\n")
     assert subjects[:2] == ["[EPLB][Perf] Use helper in step", "[EPLB] Add helper"]
     msg = git(up, "log", "-1", "--format=%B", branch)
-    assert (
-        "Signed-off-by: T <t@x>" in msg
-        and "Upstream-Status" not in msg
-        and "Stack-Results" not in msg
-    )
-    assert (
-        git(up, "rev-parse", "HEAD").strip()
-        == git(up, "rev-parse", f"{branch}~2").strip()
-    )
+    assert "Upstream-Status" not in msg and "Stack-Results" not in msg
     d = stack.root / "upstream" / "eplb-perf-use-helper-in-step"
+    mbox = (d / "v1.mbox").read_text()
+    # the draft holds its own commit only; the helper is the PR it depends on
+    assert mbox.count("Subject: ") == 1
+    assert "Subject: [EPLB][Perf] Use helper in step" in mbox
     body = (d / "body.md").read_text()
     for section in ("## Purpose", "## Test Plan", "## Test Result"):
         assert section in body
     assert "Step gets faster by reusing the helper." in body
+    assert "**Depends on** the PR drafted in `upstream/eplb-add-helper/`" in body
     assert "python benchmarks/helper.py --layers 43" in body
-    assert "| speedup_vs_baseline | 37.5 |" in body and "| p99_ms.after | 0.2 |" in body
-    assert "Not measured on GPU." in body
-    assert "[EPLB] Add helper (stack patch eplb-add-helper.patch)" in body
+    assert "- speedup_vs_baseline: 37.5" in body and "- p99_ms.after: 0.2" in body
+    assert "**Not run on a GPU**" in body
     assert (d / "title.txt").read_text() == "[EPLB][Perf] Use helper in step\n"
+    checks = (d / "checks.txt").read_text()
+    assert "depends on: eplb-add-helper (inferred)" in checks
     assert (
-        "push <your-fork> vstack/eplb-perf-use-helper-in-step-v1" in out
-        and "gh pr create" in out
+        "PASS     [applies] on stock vLLM 1.0.0 + eplb-add-helper: inferred" in checks
     )
+    assert "result: all checks passed\n" in checks
 
 
 def test_checks_report_file_and_line(stack, upstream_stack, capsys):
     capsys.readouterr()
     assert stack.run("upstream", "misc-messy.patch") == 1
     out = capsys.readouterr().out
-    assert "vllm/messy.py:3: [ruff] F401" in out
-    assert "vllm/messy.py:6: [torch-cuda]" in out
+    assert "FAIL vllm/messy.py:3: [ruff] F401" in out
+    assert "FAIL vllm/messy.py:6: [torch-cuda]" in out
     assert stack.run("upstream", "add-a-knob.patch") == 1
     out = capsys.readouterr().out
-    assert "[dco] commit 'Add a knob' lacks Signed-off-by" in out
     assert "[title] title 'Add a knob' lacks vLLM's bracketed tags" in out
     assert "vllm/config/eplb.py:8: [config] EPLBConfig.new_knob has no docstring" in out
+    checks = (stack.root / "upstream" / "add-a-knob" / "checks.txt").read_text()
+    # no sign-off is not a failure, but the draft cannot be sent yet
+    assert "UNSIGNED [dco] unsigned: not sendable" in checks
+    assert "result: 2 check(s) failed" in checks
+    assert "unsigned: not sendable yet" in out
 
 
-def test_revision_two_shows_range_diff(stack, upstream_stack, capsys):
+def test_revision_two_replaces_one_and_shows_range_diff(stack, upstream_stack, capsys):
     assert stack.run("upstream", "eplb-add-helper.patch") == 0
     # same content again: still revision 1
     assert stack.run("upstream", "eplb-add-helper.patch") == 0
     assert "revision 1;" in capsys.readouterr().out
     assert stack.run("apply") == 0
-    git(
-        stack.repo, "rebase", "-q", "--exec", "true", "base/1.0.0"
-    )  # no-op, keeps history linear
     text = (stack.repo / "vllm/helper.py").read_text()
     git(stack.repo, "checkout", "-q", "-B", "tmp", "work~3")
     (stack.repo / "vllm/helper.py").write_text(text.replace("2 * x", "x << 1"))
@@ -170,20 +171,25 @@ def test_revision_two_shows_range_diff(stack, upstream_stack, capsys):
     assert "revision 2;" in out and "range-diff v1 -> v2:" in out
     assert "x << 1" in out
     d = stack.root / "upstream" / "eplb-add-helper"
-    assert (d / "v1.mbox").is_file() and (d / "v2.mbox").is_file()
+    # only the current revision and the range-diff from the previous one
+    assert sorted(p.name for p in d.glob("*.mbox")) == ["v2.mbox"]
     assert "x << 1" in (d / "range-diff-v1-v2.txt").read_text()
+    meta = json.loads((d / "meta.json").read_text())
+    assert [r["revision"] for r in meta["revisions"]] == [1, 2]
+    assert meta["revisions"][0]["patches"][0]["name"] == "eplb-add-helper.patch"
     assert git(
         upstream_stack, "rev-parse", "--verify", "vstack/eplb-add-helper-v2"
     ).strip()
 
 
-def test_no_checkout_writes_patch_file_and_body(stack, capsys):
+def test_no_checkout_writes_mbox_and_says_unsigned(stack, capsys):
     _need_ruff()
     assert stack.run("apply") == 0
     stack.commit_on_work(
         "vllm/helper.py",
         SPDX + "\n\ndef helper(x: int) -> int:\n    return 2 * x\n",
-        "[EPLB] Add helper\n\nThe helper is needed by a later change." + SIGNED,
+        "[EPLB] Add helper\n\nThe helper is needed by a later change.\n\n"
+        "Upstream-Status: pending",
     )
     assert stack.run("export") == 0
     capsys.readouterr()
@@ -191,22 +197,41 @@ def test_no_checkout_writes_patch_file_and_body(stack, capsys):
     out = capsys.readouterr().out
     d = stack.root / "upstream" / "eplb-add-helper"
     mbox = (d / "v1.mbox").read_text()
-    assert (
-        "Subject: [EPLB] Add helper" in mbox
-        and "+def helper" in mbox
-        and "Upstream-Status" not in mbox
-    )
-    assert "No recorded benchmark results" in (d / "body.md").read_text()
-    assert "am " in out and "v1.mbox" in out
+    assert "Subject: [EPLB] Add helper" in mbox and "+def helper" in mbox
+    assert "Upstream-Status" not in mbox and "Signed-off-by" not in mbox
+    assert "## Design" not in (d / "body.md").read_text()
+    assert "NOTE     [tests] the PR adds no tests" in (d / "checks.txt").read_text()
+    assert "not sendable yet" in out and " am " not in out
 
 
 def test_pure_helpers():
-    assert (
-        strip_stack_trailers(
-            "S\n\nBody.\n\nUpstream-Status: pending\nUpstream-PR: 1\nSigned-off-by: A <a@x>\n"
-        )
-        == "S\n\nBody.\n\nSigned-off-by: A <a@x>\n"
+    from vstack.identity import parse
+    from vstack.upstream import split_message, with_signoff
+
+    msg = (
+        "S\n\nBody.\n\nUpstream-Status: pending\nUpstream-PR: 1\nPorted-From: x\n"
+        "Depends-On: a-b\nRFC: docs/p.md\nStack-Results: r.json\n"
+        "Signed-off-by: A Person <a@person.dev>\n"
+        "Signed-off-by: vLLM EPLB Stack <eplb-stack@users.noreply.github.com>\n"
+        "Co-authored-by: B Person <b@person.dev>\n"
     )
+    assert strip_stack_trailers(msg) == (
+        "S\n\nBody.\n\nSigned-off-by: A Person <a@person.dev>\n"
+        "Co-authored-by: B Person <b@person.dev>\n"
+    )
+    assert strip_stack_trailers("S\n\nBody.\n\nUpstream-Status: pending\n") == (
+        "S\n\nBody.\n"
+    )
+    # a body paragraph that looks like a trailer ("Why: ...") stays
+    assert strip_stack_trailers("S\n\nWhy: x.\n") == "S\n\nWhy: x.\n"
+    signed = with_signoff("S\n\nBody.\n", parse("C D <c@d.dev>"))
+    assert signed == "S\n\nBody.\n\nSigned-off-by: C D <c@d.dev>\n"
+    assert with_signoff(signed, parse("C D <c@d.dev>")) == signed
+    purpose, design, testing = split_message(
+        "Why: a.\n\nWhat:\n- b.\n\nMore: c.\n\nTests: d.\n\nAlso: e."
+    )
+    assert (purpose, design) == ("a.", "- b.\n\nMore: c.")
+    assert testing == "Tests: d.\n\nAlso: e."
 
     class Info:
         def __init__(self, files, added=()):
@@ -227,16 +252,24 @@ def test_pure_helpers():
     ]
 
 
-def test_results_summary_and_description_split(tmp_path):
-    from vstack.upstream import render_results, split_description
+def test_results_table_pivots_variants(tmp_path):
+    from vstack.upstream import render_results
 
-    data = {"command": "python b.py", "machine": {"cores": 2, "note": "CPU only"},
-            "summary": {"p99 before / after (ms)": "7.4 / 0.2"}, "raw": {"x": 1}}  # fmt: skip
+    data = {
+        "command": "/opt/venv/bin/python b.py",
+        "machine": {"cores": 2, "note": "CPU only, not measured on GPU"},
+        "summary": {
+            "stock 1.0: p99 ms": "7.4", "patched: p99 ms": "0.2 (0.03x stock)",
+            "stock 1.0: collectives": 1.0, "patched: collectives": 0.0, "cases": 36,
+        },
+        "raw": {"x": 1},
+    }  # fmt: skip
     text = render_results(tmp_path / "r.json", data)
-    assert "| p99 before / after (ms) | 7.4 / 0.2 |" in text and "| raw.x |" not in text
-    assert "on cores: 2, note: CPU only" in text and "Not measured on GPU." in text
-    purpose, testing = split_description("Why: a.\n\nWhat: b.\n\nTests: c.\n\nMore: d.")
-    assert purpose == "Why: a.\n\nWhat: b." and testing == "Tests: c.\n\nMore: d."
+    assert "(cores: 2, note: CPU only, not measured on GPU; `python b.py`)" in text
+    assert "| | stock 1.0 | patched |" in text
+    assert "| p99 ms | 7.4 | 0.2 (0.03x stock) |" in text
+    assert "| collectives | 1 | 0 |" in text
+    assert "- cases: 36" in text and "raw" not in text
 
 
 def test_dependencies_are_pruned_to_what_the_chain_needs(stack, capsys):
@@ -319,3 +352,323 @@ def test_revision_does_not_depend_on_the_local_cache(stack):
     built = upstream_mbox(lambda: stack.run("build"))
     assert fresh == built
     assert fresh.count(b"\nSubject: ") == 1  # P2 alone: the 3-way merge needs no P1
+
+
+# ---------------------------------------------------------------- Depends-On, tests
+
+
+BOT = "vLLM EPLB Stack <eplb-stack@users.noreply.github.com>"
+
+
+def _bot_commit(stack, path, content, message):
+    """A commit on the work branch authored by the stack's shared identity."""
+    f = stack.repo / path
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(content)
+    git(stack.repo, "add", path)
+    git(stack.repo, "commit", "-q", f"--author={BOT}", "-m", message)
+
+
+def _feature_stack(stack, fix=SPDX + "VALUE = 42\n", depends=True):
+    """Three patches: a module, its test, and a [Bugfix] whose test fails on the
+    module before the fix; the bugfix declares Depends-On the first two."""
+    assert stack.run("apply") == 0
+    _bot_commit(stack, "vllm/feature.py", SPDX + "VALUE = 41\n",
+                "[EPLB] Add feature\n\nThe feature the tests need.\n\n"
+                "Upstream-Status: pending\nPorted-From: old.patch")  # fmt: skip
+    _bot_commit(stack, "vllm/other.py", SPDX + "OTHER = 1\n",
+                "[EPLB] Add other\n\nAn unrelated change that the fix does not need.\n\nUpstream-Status: pending")  # fmt: skip
+    trailer = "Depends-On: eplb-add-feature\n" if depends else ""
+    (stack.repo / "tests").mkdir(exist_ok=True)
+    (stack.repo / "tests" / "test_feature.py").write_text(
+        SPDX + "import pytest\n\nfrom vllm.feature import VALUE\n\n\n"
+        "def test_value():\n    assert VALUE == 42\n\n\n"
+        '@pytest.mark.skip(reason="needs a GPU")\n'
+        '@pytest.mark.parametrize("n", [1, 2])\ndef test_on_gpu(n):\n    pass\n'
+    )  # fmt: skip
+    (stack.repo / "vllm" / "feature.py").write_text(fix)
+    git(stack.repo, "add", "-A")
+    git(stack.repo, "commit", "-q", f"--author={BOT}", "-m",
+        "[Bugfix][EPLB] Fix feature value\n\nThe value must be 42.\n\nTested: "
+        f"tests/test_feature.py.\n\nUpstream-Status: pending\n{trailer}"
+        "RFC: docs/proto.md\nSigned-off-by: " + BOT)  # fmt: skip
+    assert stack.run("export") == 0
+    return "bugfix-eplb-fix-feature-value"
+
+
+def test_depends_on_builds_on_the_named_pr_and_runs_its_tests(stack, capsys):
+    _need_ruff()
+    slug = _feature_stack(stack)
+    capsys.readouterr()
+    rc = stack.run("upstream", slug, "--python", sys.executable)
+    out = capsys.readouterr().out
+    d = stack.root / "upstream" / slug
+    checks = (d / "checks.txt").read_text()
+    assert rc == 0, checks
+    assert "depends on: eplb-add-feature.patch" in out and "[inferred]" not in out
+    assert (
+        "PASS     [applies] on stock vLLM 1.0.0 + eplb-add-feature (its Depends-On)"
+        in checks
+    )
+    assert (
+        "PASS     [tests] 1 passed, 2 skipped on stock vLLM 1.0.0 + eplb-add-feature + this PR"
+        in checks
+    )
+    assert (
+        "PASS     [reproduces] without the fix, on stock vLLM 1.0.0 + eplb-add-feature: 1 failed"
+        in checks
+    )
+    mbox = (d / "v1.mbox").read_text()
+    assert mbox.count("Subject: ") == 1 and "+VALUE = 42" in mbox
+    # stack-only trailers and the bot's sign-off never reach a draft
+    for gone in ("Depends-On", "RFC:", "Upstream-Status", "Signed-off-by"):
+        assert gone not in mbox, gone
+    body = (d / "body.md").read_text()
+    assert (
+        f"{'TRITON_INTERPRET=1'} CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu pytest -q tests/test_feature.py"
+        in body
+    )
+    assert (
+        "Tests on stock vLLM 1.0.0 + eplb-add-feature + this PR, CPU: **1 passed, 2 skipped**"
+        in body
+    )
+    assert (
+        "Without the fix, on stock vLLM 1.0.0 + eplb-add-feature: **1 failed, 2 skipped** (`test_value`)"
+        in body
+    )
+    assert "**Part of the RFC** drafted from `docs/proto.md`" in body
+    assert "Skipped: 2 (needs a GPU)." in body
+    assert "the 2 test(s) skipped there still need a GPU run" in body
+
+
+def test_bugfix_whose_tests_pass_without_the_fix_fails(stack, capsys):
+    _need_ruff()
+    # the "fix" changes nothing the test sees: VALUE is already 42 without it
+    assert stack.run("apply") == 0
+    _bot_commit(stack, "vllm/feature.py", SPDX + "VALUE = 42\n",
+                "[EPLB] Add feature\n\nThe feature.\n\nUpstream-Status: pending")  # fmt: skip
+    (stack.repo / "tests").mkdir()
+    (stack.repo / "tests" / "test_feature.py").write_text(
+        SPDX
+        + "from vllm.feature import VALUE\n\n\ndef test_value():\n    assert VALUE == 42\n"
+    )
+    (stack.repo / "vllm" / "feature.py").write_text(SPDX + "VALUE = 42  # fixed\n")
+    git(stack.repo, "add", "-A")
+    git(stack.repo, "commit", "-q", "-m", "[Bugfix] Fix\n\nNo fix at all.\n\n"
+        "Upstream-Status: pending\nDepends-On: eplb-add-feature")  # fmt: skip
+    assert stack.run("export") == 0
+    assert stack.run("upstream", "bugfix-fix", "--python", sys.executable) == 1
+    checks = (stack.root / "upstream" / "bugfix-fix" / "checks.txt").read_text()
+    assert "FAIL     [reproduces] the tests pass on" in checks
+
+
+def test_depends_on_must_name_an_earlier_patch(stack, capsys):
+    from vstack.lint import lint_series
+
+    slug = _feature_stack(stack)
+    patch = stack.root / "patches" / f"{slug}.patch"
+    text = patch.read_text()
+    patch.write_text(text.replace("Depends-On: eplb-add-feature", "Depends-On: nope"))
+    found = [str(f) for f in lint_series(stack.root / "patches")]
+    assert (
+        f"patches/{slug}.patch:1: Depends-On: nope: no such patch in patches/series"
+        in found
+    )
+    assert stack.run("upstream", slug, "--no-tests") == 1
+    assert "Depends-On: nope is not an earlier patch" in capsys.readouterr().err
+    first = stack.root / "patches" / "eplb-add-feature.patch"
+    first.write_text(first.read_text().replace(
+        "Upstream-Status: pending", f"Upstream-Status: pending\nDepends-On: {slug}"))  # fmt: skip
+    found = [str(f) for f in lint_series(stack.root / "patches")]
+    assert (
+        f"patches/eplb-add-feature.patch:1: Depends-On: {slug} comes after it in patches/series"
+        in found
+    )
+
+
+def test_a_patch_that_needs_another_does_not_stand_alone(stack, capsys):
+    """Without Depends-On, a patch that applies only on an earlier one gets it as
+    an inferred dependency (named, not carried), and says how to declare it."""
+    _need_ruff()
+    _feature_stack(stack, depends=False)
+    capsys.readouterr()
+    assert stack.run("upstream", "bugfix-eplb-fix-feature-value", "--no-tests") == 0
+    out = capsys.readouterr().out
+    assert "depends on: eplb-add-feature.patch" in out and "[inferred]" in out
+    assert "eplb-add-other" not in out
+
+
+# ---------------------------------------------------------------- sign-off
+
+
+def test_signoff_makes_a_sendable_copy_and_keeps_upstream_unsigned(stack, capsys):
+    _need_ruff()
+    slug = _feature_stack(stack)
+    capsys.readouterr()
+    person = "Ada Lovelace <ada@lovelace.dev>"
+    assert stack.run("upstream", slug, "--no-tests", "--signoff", person) == 0
+    out = capsys.readouterr().out
+    sendable = stack.root / ".vstack" / "outgoing" / slug / "v1.mbox"
+    assert f"sendable: {sendable} (signed off by {person})" in out
+    text = sendable.read_text()
+    # the DCO app wants the author's own sign-off: the bot author becomes the person
+    assert f"From: {person}" in text and f"Signed-off-by: {person}" in text
+    assert text.count("Signed-off-by:") == 1 and "noreply" not in text
+    assert (
+        "PASS     [dco] every commit (1) signed off by its author"
+        in (sendable.parent / "checks.txt").read_text()
+    )
+    d = stack.root / "upstream" / slug
+    assert "Signed-off-by" not in (d / "v1.mbox").read_text()
+    assert "UNSIGNED [dco]" in (d / "checks.txt").read_text()
+    # the revision is the unsigned draft's: signing makes no new one
+    assert json.loads((d / "meta.json").read_text())["revisions"][-1]["revision"] == 1
+    # the environment variable works the same way
+    capsys.readouterr()
+    os.environ["VSTACK_SIGNOFF"] = "Grace Hopper <grace@hopper.dev>"
+    try:
+        assert stack.run("upstream", slug, "--no-tests") == 0
+    finally:
+        del os.environ["VSTACK_SIGNOFF"]
+    assert "From: Grace Hopper <grace@hopper.dev>" in sendable.read_text()
+
+
+@pytest.mark.parametrize(
+    "who,why",
+    [
+        (BOT, "is a bot or tool"),
+        ("Ann Lee <ann@example.com>", "placeholder address"),
+        ("Ann Lee <noreply@lee.dev>", "no-reply or shared address"),
+        ("Your Name <you@lee.dev>", "placeholder name"),
+        ("dependabot[bot] <49699333+dependabot[bot]@users.noreply.github.com>", "bot"),
+        ("Name <email>", "is not an identity"),
+    ],
+)
+def test_signoff_refuses_bots_and_placeholders(stack, capsys, who, why):
+    slug = _feature_stack(stack)
+    capsys.readouterr()
+    assert stack.run("upstream", slug, "--no-tests", "--signoff", who) == 1
+    err = capsys.readouterr().err
+    assert why in err and len(err.strip().splitlines()) == 1
+    assert not (stack.root / "upstream" / slug).exists()
+
+
+def test_identity_rules():
+    from vstack.identity import parse, refusal
+
+    assert refusal(parse("Ada Lovelace <ada@lovelace.dev>")) is None
+    # GitHub's per-user private address is a person's own
+    assert refusal(parse("Ada L <12345+ada@users.noreply.github.com>")) is None
+    assert refusal(parse("X <maintainers@users.noreply.a-seed-1.example>"))
+    assert refusal(parse("vstack <vstack@localhost>"))
+    assert parse("no email") is None and parse("A <a>") is None
+
+
+def test_bare_signoff_reads_only_name_and_email_from_git_config(stack, capsys, tmp_path, monkeypatch):  # fmt: skip
+    _need_ruff()
+    slug = _feature_stack(stack)
+    cfg = tmp_path / "gitconfig"
+    cfg.write_text("[user]\n\tname = Placeholder\n\temail = p@example.com\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
+    assert stack.run("upstream", slug, "--no-tests", "--signoff") == 1
+    assert "placeholder address" in capsys.readouterr().err
+    cfg.write_text(
+        "[user]\n\tname = Ada Lovelace\n\temail = ada@lovelace.dev\n"
+        "[format]\n\tsignOff = true\n\tnumbered = true\n[diff]\n\tnoprefix = true\n"
+    )
+    assert stack.run("upstream", slug, "--no-tests", "--signoff") == 0
+    text = (stack.root / ".vstack" / "outgoing" / slug / "v1.mbox").read_text()
+    assert text.count("Signed-off-by: Ada Lovelace <ada@lovelace.dev>") == 1
+    # the rest of the user's configuration shapes nothing
+    assert "diff --git a/vllm/feature.py b/vllm/feature.py" in text
+    assert "[PATCH 1/1]" not in text
+
+
+def test_lint_rejects_bot_signoff_and_needs_none(stack):
+    from vstack.lint import lint_series
+
+    _feature_stack(stack)
+    found = "\n".join(str(f) for f in lint_series(stack.root / "patches"))
+    assert f"Signed-off-by: {BOT}: 'vLLM EPLB Stack' is a bot or tool" in found
+    # the two patches without a sign-off are fine
+    assert "eplb-add-feature.patch" not in found and "eplb-add-other.patch" not in found
+
+
+# ---------------------------------------------------------------- revisions, --all
+
+
+def test_earlier_revision_is_regenerated_from_git(stack, capsys):
+    _need_ruff()
+    slug = _feature_stack(stack)
+    git(stack.root, "init", "-q")
+    (stack.root / ".gitignore").write_text("/.vstack/\n")
+    assert stack.run("upstream", slug, "--no-tests") == 0
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "v1")
+    v1 = (stack.root / "upstream" / slug / "v1.mbox").read_bytes()
+    # the fix changes: revision 2
+    assert stack.run("apply") == 0
+    (stack.repo / "vllm" / "feature.py").write_text(SPDX + "VALUE = 6 * 7\n")
+    git(stack.repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    assert stack.run("export") == 0
+    assert stack.run("upstream", slug, "--no-tests") == 0
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "v2")
+    assert not (stack.root / "upstream" / slug / "v1.mbox").exists()
+    # from a fresh clone: nothing of .vstack, the patch files only in git history
+    clone = stack.root.parent / "clone"
+    git(stack.root.parent, "clone", "-q", str(stack.root), str(clone))
+    from vstack.cli import main
+
+    capsys.readouterr()
+    assert main(["--root", str(clone), "upstream", slug, "--revision", "1"]) == 0
+    assert "revision 1 of" in capsys.readouterr().out
+    assert (clone / ".vstack" / "outgoing" / slug / "v1.mbox").read_bytes() == v1
+    person = "Ada Lovelace <ada@lovelace.dev>"
+    assert main(["--root", str(clone), "upstream", slug, "--revision", "1",
+                 "--signoff", person]) == 0  # fmt: skip
+    signed = (clone / ".vstack" / "outgoing" / slug / "v1.mbox").read_text()
+    assert f"Signed-off-by: {person}" in signed and "+VALUE = 42" in signed
+
+
+def test_all_writes_every_draft_rfc_and_index(stack, capsys):
+    _need_ruff()
+    slug = _feature_stack(stack)
+    toml = stack.root / "stack.toml"
+    toml.write_text(toml.read_text() + '\n[upstream]\nrfcs = ["docs/other.md"]\n')
+    stale = stack.root / "upstream" / "gone-patch"
+    stale.mkdir(parents=True)
+    capsys.readouterr()
+    assert stack.run("upstream", "--all", "--no-tests") == 0
+    out = capsys.readouterr().out
+    assert "RFC docs/other.md does not exist yet: no RFC issue draft written" in out
+    assert "RFC docs/proto.md does not exist yet" in out and "(1 PR(s) name it)" in out
+    assert not stale.exists()
+    up = stack.root / "upstream"
+    assert sorted(p.name for p in up.iterdir()) == [
+        slug,
+        "eplb-add-feature",
+        "eplb-add-other",
+        "index.md",
+    ]
+    index = (up / "index.md").read_text()
+    assert f"| 3 | `{slug}` | 1 | 2 | #1 | not run | pass, unsigned" in index, index
+    (stack.root / "docs").mkdir()
+    (stack.root / "docs" / "proto.md").write_text(
+        "# Async protocol\n\n## Motivation\n\nDecode must not wait.\n\n"
+        "## Protocol\n\nWorkers vote.\n"
+    )
+    assert stack.run("upstream", "--all", "--no-tests") == 0
+    rfc = up / "rfc-proto"
+    assert (rfc / "title.txt").read_text() == "[RFC]: Async protocol\n"
+    issue = (rfc / "issue.md").read_text()
+    assert "### Motivation.\n\nDecode must not wait." in issue
+    assert "#### Protocol\n\nWorkers vote." in issue
+    assert (
+        f"1. `upstream/{slug}/`: [Bugfix][EPLB] Fix feature value (depends on eplb-add-feature)"
+        in issue
+    )
+    assert (
+        "PASS     [rfc] implements the RFC drafted from docs/proto.md"
+        in (up / slug / "checks.txt").read_text()
+    )

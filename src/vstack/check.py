@@ -3,8 +3,10 @@ passes the tests added so far (like `git rebase --exec` over the series)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,19 +54,77 @@ def module_name(path: str) -> str | None:
 
 
 def _env(tree: Path) -> dict[str, str]:
+    """The tree's vllm/ first on the path, on vLLM's CPU platform with Triton
+    kernels under the interpreter (chosen before vLLM is imported), as
+    scripts/test runs the series' tests."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree) + (
         os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
     )
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    env.setdefault("TRITON_INTERPRET", "1")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
+@dataclasses.dataclass
+class TestRun:
+    returncode: int
+    summary: str  # pytest's counts, e.g. "27 passed, 3 skipped" (no timing)
+    skipped: list[str]  # "path::test: reason" of each skipped test
+    failed: list[str]  # node ids of failed tests
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode in (0, 5)
+
+
+def run_pytest(tree: Path, tests: list[str], python: Path, stop_first: bool = True,
+               timeout: float | None = None) -> TestRun:  # fmt: skip
+    """pytest on `tests` in a tree holding vllm/ (see _env)."""
+    t = time.perf_counter()
+    # pytest's default import mode, as vLLM's CI and scripts/test run the tests: a test
+    # may import a helper module beside it.
+    cmd = [str(python), "-m", "pytest", "-q", "-rsf",
+           "-p", "no:cacheprovider", *(["-x"] if stop_first else []), *tests]  # fmt: skip
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=_env(tree), capture_output=True,
+                           text=True, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return TestRun(124, f"timed out after {timeout:.0f} s", [], [], timeout or 0)
+    lines = p.stdout.strip().splitlines() or ["?"]
+    summary = lines[-1].strip("= ")
+    summary = re.sub(r"\s+in [\d.]+s( \([\d:]+\))?$", "", summary)
+    summary = ", ".join(
+        part for part in summary.split(", ") if not re.match(r"\d+ warnings?$", part)
+    )
+    skipped = []  # pytest -rs folds equal skips into "SKIPPED [count] where: reason"
+    for ln in lines:
+        m = re.match(r"^SKIPPED \[(\d+)\] (.*)$", ln)
+        if m:
+            skipped += [m.group(2)] * int(m.group(1))
+    failed = [ln.split()[1] for ln in lines if ln.startswith("FAILED ")]
+    return TestRun(p.returncode, summary, skipped, failed, time.perf_counter() - t)
+
+
+def tests_at(repo: Path, rev: str, tests: list[str], python: Path,
+             overlay: tuple[str, list[str]] | None = None, **kw) -> TestRun:  # fmt: skip
+    """run_pytest in a temporary worktree of `rev`; `overlay` = (another rev, paths):
+    those files taken from it first (a PR's tests on the base without its fix)."""
+    with gitutil.temp_worktree(repo, rev, repo.parent) as tree:
+        if overlay:
+            gitutil.git(tree, "checkout", overlay[0], "--", *overlay[1])
+        return run_pytest(tree, tests, python, **kw)
+
+
 def check_prefix(
-    repo: Path, prev: str, tip: str, added_tests: list[str], python: Path, log
-) -> list[str]:
-    """Problems of one prefix (empty when it passes)."""
+    repo: Path, prev: str, tip: str, added_tests: list[str], python: Path, log,
+    stop_first: bool = True, timeout: float | None = None, runs: list | None = None,
+) -> list[str]:  # fmt: skip
+    """Problems of one prefix (empty when it passes). The test run, when there is
+    one, is appended to `runs`."""
     changes = gitutil.tree_changes(repo, prev, tip)
     touched = [p for s, p, _ in changes if s != "D" and p.endswith(".py")]
     problems = []
@@ -87,22 +147,14 @@ def check_prefix(
                 return problems
             log(f"      imports ok: {', '.join(mods)}")
         if added_tests:
-            t = time.perf_counter()
-            # pytest's default import mode, as scripts/test and vLLM's CI run
-            # them: a test imports the helpers beside it by name.
-            p = subprocess.run(
-                [str(python), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                 *added_tests],
-                cwd=tree, env=_env(tree), capture_output=True, text=True,
-            )  # fmt: skip
-            lines = p.stdout.strip().splitlines()
-            summary = (lines or ["?"])[-1]
-            if p.returncode not in (0, 5):
-                first_error = next((ln for ln in lines if ln.startswith("E ")), "")
-                problems.append(f"tests failed: {summary} {first_error.strip()}")
+            run = run_pytest(tree, added_tests, python, stop_first, timeout)
+            if runs is not None:
+                runs.append(run)
+            if not run.ok:
+                problems.append(f"tests failed: {run.summary}")
             else:
                 log(
-                    f"      tests ({len(added_tests)} file(s), {time.perf_counter() - t:.0f} s): {summary}"
+                    f"      tests ({len(added_tests)} file(s), {run.seconds:.0f} s): {run.summary}"
                 )
     return problems
 

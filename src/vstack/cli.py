@@ -120,7 +120,11 @@ def run_check(args):
 def run_upstream(args):
     from vstack.upstream import cmd_upstream
 
-    return cmd_upstream(_project(args), args.patch, args.git, args.base)
+    return cmd_upstream(
+        _project(args), args.patch, args.git, args.base, all_patches=args.all,
+        signoff=args.signoff, revision=args.revision, run_tests=not args.no_tests,
+        python=args.python,
+    )  # fmt: skip
 
 
 def run_bench(args):
@@ -266,8 +270,9 @@ def parser() -> argparse.ArgumentParser:
         "says why it exists and has Upstream-Status: (and Upstream-PR: once submitted); "
         "new Python files carry vLLM's SPDX header lines; no trailing whitespace or new "
         "direct torch.cuda calls in added lines; Triton imported only through "
-        "vllm.triton_utils and regex instead of re (vLLM's import hooks, restated); every "
-        "commit is signed off by its author. With a vLLM checkout (the populated vllm/ "
+        "vllm.triton_utils and regex instead of re (vLLM's import hooks, restated); a "
+        "Signed-off-by, if any, is a person's (no bot or placeholder); Depends-On: names "
+        "an earlier patch. With a vLLM checkout (the populated vllm/ "
         "submodule, or --git PATH) whose pinned commit has .pre-commit-config.yaml, and "
         "pre-commit installed, vLLM's own hooks also run on each patch's files (the "
         "patch staged on its parent; SKIP=hook,... skips some).",
@@ -350,22 +355,37 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=run_check)
 
     s = sub.add_parser(
-        "upstream", help="prepare a vLLM PR from one patch (offline, never pushes)",
-        description="Commits the patch and the earlier series patches it depends on "
-        "(named) on the upstream base, stack-only trailers removed: as a branch "
-        "vstack/<patch>-v<N> in a vLLM checkout (--git PATH or the populated vllm/ "
-        "submodule; --base REV, default the pinned commit), else as an mbox. Runs "
-        "vLLM's checks on the changed files (ruff check / format with vLLM's config, "
-        "SPDX, no new torch.cuda calls, Triton and regex imports as vLLM allows, config fields documented, DCO) and writes "
-        "upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt}; with a checkout "
-        "whose base has .pre-commit-config.yaml and pre-commit installed, vLLM's own "
-        "hooks run on the changed files too. Numbers come only "
-        "from the results files the patch names in Stack-Results: trailers. A changed "
-        "patch becomes revision N+1, with a git range-diff against N. Exit 1 if a "
+        "upstream", help="a vLLM PR draft per patch in upstream/ (offline, never pushes)",
+        description="One PR per patch: its commit on the upstream base (the pinned "
+        "commit, or --base REV of a vLLM checkout: --git PATH or the populated vllm/), "
+        "after the PRs it depends on (its Depends-On: trailers, else inferred), whose "
+        "commits the draft names instead of carrying; stack-only trailers removed. "
+        "Checks as vLLM's CI runs them (ruff check / format with vLLM's config, SPDX, "
+        "torch.cuda, Triton and regex imports, config docs, vLLM's own pre-commit hooks "
+        "given a checkout, DCO) and the PR's own tests on its base (scripts/test's "
+        "environment or --python; a [Bugfix] PR's tests must fail without the fix). "
+        "Writes upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt,meta.json}: "
+        "the current revision, the range-diff from the previous one; every revision "
+        "records the patch files it was made from (--revision N regenerates it). "
+        "Drafts in upstream/ are unsigned; --signoff (or VSTACK_SIGNOFF) writes the "
+        "signed copy to send to .vstack/outgoing/ (bots and placeholders refused). "
+        "--all: every patch, the RFC issue drafts of the documents stack.toml's "
+        "[upstream] rfcs and RFC: trailers name, and upstream/index.md. Exit 1 if a "
         "check fails.",
     )  # fmt: skip
     s.add_argument(
-        "patch", help="a patches/series entry (or a unique part of its name)"
+        "patch", nargs="?", help="a patches/series entry (or a unique part of its name)"
+    )
+    s.add_argument("--all", action="store_true",
+                   help="every patch of the series, the RFC drafts and upstream/index.md")  # fmt: skip
+    s.add_argument("--signoff", nargs="?", const="", metavar="'NAME <EMAIL>'",
+                   help="sign off as this person (bare: VSTACK_SIGNOFF, else git's "
+                   "user.name/user.email) and write the copy to send to .vstack/outgoing/")  # fmt: skip
+    s.add_argument("--revision", type=int, metavar="N",
+                   help="regenerate revision N of the patch's draft (.vstack/outgoing/)")  # fmt: skip
+    s.add_argument("--no-tests", action="store_true", help="do not run the PR's tests")
+    s.add_argument(
+        "--python", help="the test environment's interpreter (scripts/test's)"
     )
     s.add_argument("--git", help="a vLLM git checkout (default: vllm/ when populated)")
     s.add_argument(

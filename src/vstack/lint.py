@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from vstack import records
+from vstack import identity, records
 from vstack.config import Project
 from vstack.series import parse_patch, patch_problems, read_series, read_series_entries
 
@@ -78,13 +78,6 @@ def forbidden_import(file: str, line: str) -> str | None:
     return None
 
 
-def author_signed_off(text: str, signoffs: list[str]) -> tuple[bool, str | None]:
-    """(whether the patch's From: author is among its Signed-off-by lines, author)."""
-    m = re.search(r"^From: (.+)$", text, re.M)
-    author = m.group(1).strip() if m else None
-    return author is not None and author in [s.strip() for s in signoffs], author
-
-
 def _added_lines(text: str):
     """(patch line number, target file, new-file line number, text) of each added line."""
     file, new_no = None, 0
@@ -101,7 +94,50 @@ def _added_lines(text: str):
             new_no += 1
 
 
-def lint_patch(name: str, text: str, folder: str = "patches") -> list[Finding]:
+def signoff_findings(where: str, signoffs: list[str]) -> list[Finding]:
+    """A patch of the stack needs no sign-off (the person who sends a PR adds
+    theirs: `vstack upstream --signoff`); one it carries must be a person's."""
+    found = []
+    for value in signoffs:
+        ident = identity.parse(value)
+        why = "not 'Name <email>'" if ident is None else identity.refusal(ident)
+        if why:
+            found.append(Finding(
+                f"{where}:1",
+                f"Signed-off-by: {value}: {why}; the DCO sign-off is a person's "
+                f"own, added by whoever sends the PR (`vstack upstream --signoff`)",
+            ))  # fmt: skip
+    return found
+
+
+def depends_on_findings(
+    entries: list[tuple[int, str]], patches_dir: Path
+) -> list[Finding]:
+    """Each Depends-On: trailer names an earlier patch of the series (its file
+    name, with or without .patch)."""
+    found = []
+    names = [name for _, name in entries]
+    for i, name in enumerate(names):
+        p = patches_dir / name
+        if not p.is_file() or patch_problems(p.read_bytes()):
+            continue  # reported as such
+        info = parse_patch(p.read_text(errors="replace"))
+        for dep in info.trailers.get("Depends-On", []):
+            want = dep.strip()
+            want = want if want.endswith(".patch") else want + ".patch"
+            if want not in names:
+                found.append(Finding(f"patches/{name}:1",
+                                     f"Depends-On: {dep}: no such patch in patches/series"))  # fmt: skip
+            elif names.index(want) >= i:
+                found.append(Finding(f"patches/{name}:1",
+                                     f"Depends-On: {dep} comes after it in patches/series"))  # fmt: skip
+    return found
+
+
+def lint_patch(
+    name: str, text: str, folder: str = "patches", signoffs: bool = True
+) -> list[Finding]:
+    """signoffs=False for recorded resolutions: records of a past move, never sent."""
     info = parse_patch(text)
     where = f"{folder}/{name}"
     found = []
@@ -131,18 +167,8 @@ def lint_patch(name: str, text: str, folder: str = "patches") -> list[Finding]:
                 f"Upstream-Status: {status[0]} needs an Upstream-PR: trailer",
             )
         )
-    signoffs = info.trailers.get("Signed-off-by", [])
-    signed, author = author_signed_off(text, signoffs)
-    if not signoffs:
-        found.append(
-            Finding(
-                f"{where}:1", "commit is not signed off (Signed-off-by: trailer, DCO)"
-            )
-        )
-    elif not signed:
-        found.append(
-            Finding(f"{where}:1", f"no Signed-off-by from the author {author}")
-        )
+    if signoffs:
+        found += signoff_findings(where, info.trailers.get("Signed-off-by", []))
     lines_by_file: dict[str, list[tuple[int, int, str]]] = {}
     for n, file, new_no, line in _added_lines(text):
         lines_by_file.setdefault(file, []).append((n, new_no, line))
@@ -206,6 +232,7 @@ def lint_series(patches_dir: Path) -> list[Finding]:
             found.extend(bad)
             if not any("format-patch" in f.message for f in bad):
                 found.extend(lint_patch(name, data.decode(errors="replace")))
+    found += depends_on_findings(entries, patches_dir)
     return found
 
 
@@ -269,7 +296,7 @@ def lint_resolutions(root: Path, pin_version: str | None = None) -> list[Finding
                     f"a rebase onto {p.parent.name} stops there until it is re-resolved",
                 ))  # fmt: skip
         if info.files:
-            found.extend(lint_patch(p.name, text, folder))
+            found.extend(lint_patch(p.name, text, folder, signoffs=False))
         elif len(info.body.split()) < 5:
             found.append(
                 Finding(

@@ -1,9 +1,18 @@
-"""vstack upstream <patch>: a vLLM PR from one patch of the series (offline).
+"""vstack upstream: one vLLM PR draft per patch of the series (offline, never pushes).
 
-Makes the commits (the patch plus the earlier patches it needs, stack-only trailers
-stripped) on the chosen upstream base, runs the checks vLLM's CI runs on the changed
-files, and writes the PR title and body (vLLM's template, numbers only from recorded
-results files) under upstream/<patch>/. Never pushes: it prints the commands.
+A draft is the patch as one commit on stock vLLM, or on stock vLLM plus the PRs it
+depends on (its `Depends-On:` trailers; inferred from the series when it has none),
+whose commits it names instead of carrying. Stack-only trailers are removed. The
+checks vLLM's CI runs are run on it (ruff with vLLM's configuration, SPDX, imports,
+config docs, DCO, vLLM's pre-commit hooks given a checkout, the PR's own tests on the
+base it targets) and written to upstream/<patch>/checks.txt with the title, a short
+body (purpose, design, test plan, key results from the patch's results files) and
+the current revision's mbox. A changed draft becomes revision N+1 with a range-diff
+against N; every revision records the patch files (git blobs) it was made from, so
+`--revision N` regenerates it. The drafts in upstream/ are never signed off: the
+person who sends one adds their sign-off with --signoff (or VSTACK_SIGNOFF), which
+writes a sendable copy under .vstack/outgoing/. RFC documents (stack.toml [upstream]
+rfcs, or a patch's `RFC:` trailer) become RFC issue drafts.
 """
 
 from __future__ import annotations
@@ -18,32 +27,45 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
-from vstack import gitutil
+from vstack import gitutil, identity
 from vstack.apply import apply_patches
 from vstack.base import (
+    Base,
     base_from_git,
     ensure_base,
     pinned_base_anywhere,
     submodule_head,
 )
-from vstack.config import Project
+from vstack.config import Pin, Project
 from vstack.errors import VstackError
 from vstack.export import applied_tip
-from vstack.lint import (
-    SPDX_LINES,
-    _added_lines,
-    author_signed_off,
-    forbidden_import,
-    new_torch_cuda_call,
-)
+from vstack.identity import Identity
+from vstack.lint import SPDX_LINES, _added_lines, forbidden_import, new_torch_cuda_call
 from vstack.series import parse_patch, series_paths
 
-STACK_ONLY_TRAILERS = ("Upstream-Status", "Upstream-PR", "Stack-Results")
+# Trailers a vLLM commit may carry; every other trailer of a stack patch
+# (Upstream-Status, Upstream-PR, Stack-Results, Ported-From, Depends-On, RFC, ...)
+# is the stack's own and never reaches a draft.
+UPSTREAM_TRAILERS = (
+    "Signed-off-by", "Co-authored-by", "Reviewed-by", "Acked-by", "Tested-by",
+    "Reported-by", "Suggested-by", "Helped-by", "Fixes", "Closes", "Link", "Cc",
+)  # fmt: skip
+# The stack's own trailers: a last paragraph holding one of these or of the above
+# is the trailer block (a body paragraph like "Why: ..." is not).
+STACK_TRAILERS = (
+    "Upstream-Status", "Upstream-PR", "Stack-Results", "Ported-From", "Depends-On",
+    "RFC", "Resolves-Patch-Sha256",
+)  # fmt: skip
+_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
 TITLE_TAGS = re.compile(r"^(\[[^\]\s][^\]]*\])+ \S")
 RFC_LINES = 500
 RFC_EXEMPT = ("tests/", "csrc/", "vllm/config/", "benchmarks/")
+CPU_ENV = "TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu"
+TEST_TIMEOUT = float(os.environ.get("VSTACK_UPSTREAM_TEST_TIMEOUT") or 1800)
+OUTGOING = "outgoing"
 
 
 @dataclasses.dataclass
@@ -51,22 +73,93 @@ class Check:
     name: str
     where: str
     message: str
+    status: str = "FAIL"  # PASS, FAIL, SKIP, NOTE, UNSIGNED
 
     def __str__(self):
-        return f"{self.where}: [{self.name}] {self.message}"
+        return (
+            f"{self.where}: [{self.name}] {self.message}"
+            if self.where
+            else f"[{self.name}] {self.message}"
+        )
 
 
-# ---------------------------------------------------------------- pure helpers
+# ---------------------------------------------------------------- messages
+
+
+def _split_trailers(message: str) -> tuple[str, list[str]]:
+    """(the message before its trailer block, the trailer lines)."""
+    text = message.rstrip("\n")
+    head, sep, last = text.rpartition("\n\n")
+    lines = last.split("\n")
+    if (
+        sep
+        and all(_TRAILER.match(ln) for ln in lines)
+        and any(
+            _TRAILER.match(ln).group(1) in UPSTREAM_TRAILERS + STACK_TRAILERS
+            for ln in lines
+        )
+    ):
+        return head, lines
+    return text, []
 
 
 def strip_stack_trailers(message: str) -> str:
-    lines = message.rstrip("\n").split("\n")
-    kept = [
-        ln
-        for ln in lines
-        if not ln.startswith(tuple(t + ":" for t in STACK_ONLY_TRAILERS))
-    ]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).rstrip("\n") + "\n"
+    """The message with only the trailers vLLM takes, and no sign-off of a bot or
+    placeholder identity."""
+    head, lines = _split_trailers(message)
+    kept = []
+    for ln in lines:
+        key, value = _TRAILER.match(ln).groups()
+        if key not in UPSTREAM_TRAILERS:
+            continue
+        if key == "Signed-off-by":
+            ident = identity.parse(value)
+            if ident is None or identity.refusal(ident):
+                continue
+        kept.append(ln)
+    text = re.sub(r"\n{3,}", "\n\n", head).rstrip("\n")
+    return text + ("\n\n" + "\n".join(kept) if kept else "") + "\n"
+
+
+def with_signoff(message: str, ident: Identity) -> str:
+    head, lines = _split_trailers(message)
+    line = f"Signed-off-by: {ident}"
+    if line not in lines:
+        lines = [*lines, line]
+    return head.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
+
+
+def signoffs(message: str) -> list[str]:
+    _, lines = _split_trailers(message)
+    return [ln.split(": ", 1)[1] for ln in lines if ln.startswith("Signed-off-by: ")]
+
+
+def split_message(body: str) -> tuple[str, str, str]:
+    """(purpose, design, testing) of a commit body: its first paragraph, the
+    paragraphs up to the first about tests, and those (labels like "Why:" cut)."""
+    paras = [p for p in body.strip().split("\n\n") if p.strip()]
+    cut = next(
+        (
+            i
+            for i, p in enumerate(paras)
+            if i
+            and re.match(
+                r"(Tests?|Tested|Testing|How (it was )?tested|Test plan)\b", p, re.I
+            )
+        ),
+        len(paras),
+    )
+    head, testing = paras[:cut], paras[cut:]
+
+    def unlabel(p: str) -> str:
+        return re.sub(r"^(Why|What|How|Design):\s*", "", p.strip())
+
+    purpose = unlabel(head[0]) if head else ""
+    design = "\n\n".join(unlabel(p) for p in head[1:])
+    return purpose, design, "\n\n".join(testing)
+
+
+# ---------------------------------------------------------------- pure helpers
 
 
 def imported_paths(patch_text: str) -> set[str]:
@@ -105,9 +198,9 @@ def dependencies(
 
 def prune_dependencies(project, base: str, patches, dep_idx, index, infos) -> list[int]:
     """Drop candidates the chain does not need: file overlap is transitive and
-    conservative, so try the chain without each candidate (earliest first) and keep
-    the removal when the rest still applies and no kept patch imports a module the
-    removed one adds. Latest first, since later patches build on earlier ones."""
+    conservative, so try the chain without each candidate (latest first, since
+    later patches build on earlier ones) and keep the removal when the rest still
+    applies and no kept patch imports a module the removed one adds."""
     keep = list(dep_idx)
     for j in reversed(dep_idx):
         trial = [k for k in keep if k != j]
@@ -127,22 +220,26 @@ def prune_dependencies(project, base: str, patches, dep_idx, index, infos) -> li
     return keep
 
 
-def loc_outside_exempt(diff_text: str) -> int:
-    n, exempt = 0, False
+def diff_files(diff_text: str):
+    """(path, changed line) of each added or removed line of a diff."""
+    path = None
     for line in diff_text.splitlines():
         if line.startswith("diff --git "):
-            exempt = (
-                line.split(" b/", 1)[-1].startswith(RFC_EXEMPT)
-                or "/kernels/" in line
-                or "_kernel" in line
-            )
-        elif (
-            line.startswith(("+", "-"))
-            and not line.startswith(("+++", "---"))
-            and not exempt
-        ):
-            n += 1
-    return n
+            path = line.split(" b/", 1)[-1]
+        elif line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
+            yield path, line
+
+
+def loc_outside_exempt(diff_text: str) -> int:
+    return sum(
+        1
+        for path, _ in diff_files(diff_text)
+        if not (path.startswith(RFC_EXEMPT) or "/kernels/" in path or "_kernel" in path)
+    )
+
+
+def non_test_lines(diff_text: str) -> int:
+    return sum(1 for path, _ in diff_files(diff_text) if not path.startswith("tests/"))
 
 
 def undocumented_config_fields(path: str, source: str, added: set[int]) -> list[Check]:
@@ -158,25 +255,34 @@ def undocumented_config_fields(path: str, source: str, added: set[int]) -> list[
             if not isinstance(stmt, ast.AnnAssign) or stmt.lineno not in added:
                 continue
             name = getattr(stmt.target, "id", "?")
+            where = f"{path}:{stmt.lineno}"
             if stmt.value is None:
                 found.append(
-                    Check(
-                        "config",
-                        f"{path}:{stmt.lineno}",
-                        f"{cls.name}.{name} has no default",
-                    )
+                    Check("config", where, f"{cls.name}.{name} has no default")
                 )
             nxt = body[i + 1] if i + 1 < len(body) else None
             if not (isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
                     and isinstance(nxt.value.value, str)):  # fmt: skip
                 found.append(
-                    Check(
-                        "config",
-                        f"{path}:{stmt.lineno}",
-                        f"{cls.name}.{name} has no docstring",
-                    )
+                    Check("config", where, f"{cls.name}.{name} has no docstring")
                 )
     return found
+
+
+def _command(data: dict) -> str:
+    """The recorded command, with the machine-specific interpreter path shortened."""
+    cmd = data.get("command", "(command not recorded)")
+    return re.sub(r"^\S*/python[\d.]*(?=\s|$)", "python", cmd)
+
+
+def _machine(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items() if v not in ("", None))
+    return str(value)
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def flatten_numbers(obj, prefix="") -> list[tuple[str, object]]:
@@ -206,136 +312,218 @@ def flatten_numbers(obj, prefix="") -> list[tuple[str, object]]:
     return out
 
 
-def _command(data: dict) -> str:
-    """The recorded command, with the machine-specific interpreter path shortened."""
-    cmd = data.get("command", "(command not recorded)")
-    return re.sub(r"^\S*/python[\d.]*(?=\s|$)", "python", cmd)
-
-
-def _machine(value) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}: {v}" for k, v in value.items() if v not in ("", None))
-    return str(value)
-
-
 def render_results(path: Path, data: dict) -> str:
-    """One results file as Markdown: where it came from, then its numbers (the
-    file's own "summary" when it has one, else every numeric leaf)."""
-    cmd = _command(data)
-    machine = _machine(data.get("machine", "(machine not recorded)"))
-    when = data.get("when") or data.get("timestamp") or ""
-    lines = [
-        f"**{path.name}**: `{cmd}` on {machine}{f', {when}' if when else ''}",
-        "",
-        "| metric | value |",
-        "|---|---|",
-    ]
+    """One results file as a short table: its "summary" (else its numbers), keys
+    "<variant>: <metric>" pivoted to a row per metric and a column per variant
+    (stock first, as the results files list it), with where it was measured."""
     rows = (
         list(data["summary"].items())
         if isinstance(data.get("summary"), dict)
-        else flatten_numbers(data)[:40]
+        else flatten_numbers(data)[:12]
     )
-    for k, v in rows:
-        lines.append(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
-    gpu_keys = [k for k in data if "gpu" in k.lower()]
-    if "not measured on gpu" in json.dumps(data).lower() or not gpu_keys:
-        lines += ["", "Not measured on GPU."]
+    when = data.get("when") or data.get("timestamp") or ""
+    machine = _machine(data.get("machine", "machine not recorded"))
+    lines = [
+        f"`{path.name}` ({machine}{f', {when}' if when else ''}; `{_command(data)}`):",
+        "",
+    ]
+    cols: list[str] = []
+    metrics: dict[str, dict[str, object]] = {}
+    loose = []
+    for key, value in rows:
+        variant, sep, metric = str(key).partition(": ")
+        if sep:
+            cols += [variant] if variant not in cols else []
+            metrics.setdefault(metric, {})[variant] = value
+        else:
+            loose.append((key, value))
+    if metrics:
+        lines += ["| | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for metric, by in metrics.items():
+            lines.append(
+                f"| {metric} | " + " | ".join(_fmt(by.get(c, "")) for c in cols) + " |"
+            )
+    if loose:
+        if metrics:
+            lines.append("")
+        lines += [f"- {k}: {_fmt(v)}" for k, v in loose]
     return "\n".join(lines)
 
 
-def split_description(body: str) -> tuple[str, str]:
-    """(purpose, testing notes): the commit body up to its first paragraph about
-    tests, and the rest."""
-    paras = body.strip().split("\n\n")
-    for i, p in enumerate(paras):
-        if i and re.match(
-            r"(Tests?|Testing|How (it was )?tested|Test plan)\b", p.strip(), re.I
-        ):
-            return "\n\n".join(paras[:i]), "\n\n".join(paras[i:])
-    return body.strip(), ""
+def measured_on_gpu(data: dict) -> bool:
+    text = json.dumps(data.get("machine", "")).lower()
+    return "gpu" in text and "not measured on gpu" not in text and "cpu" not in text
 
 
-def render_body(
-    info, deps: list[str], tests: list[str], results: list[tuple[Path, dict]], loc: int
-) -> str:
-    purpose, testing = split_description(info.body)
-    parts = ["## Purpose", "", purpose or "(the patch has no description)", ""]
-    if deps:
-        parts += [
-            "This PR includes, as separate commits, the earlier stack changes it builds on:",
-            "",
-        ]
-        parts += [f"- {d}" for d in deps] + [""]
-    parts += ["## Test Plan", "", "```bash"]
-    if tests:
-        parts.append(f"VLLM_TARGET_DEVICE=cpu pytest -q {' '.join(tests)}")
+# ---------------------------------------------------------------- the series
+
+
+@dataclasses.dataclass
+class Stack:
+    """The series and the upstream base its drafts target."""
+
+    project: Project
+    patches: list[Path]
+    names: list[str]
+    infos: list
+    base: Base
+    checkout: Path | None
+    ruff_config: Path
+    _deps: dict = dataclasses.field(default_factory=dict)
+
+    def index(self, patch_name: str) -> int:
+        if patch_name in self.names:
+            return self.names.index(patch_name)
+        hits = [n for n in self.names if patch_name in n]
+        if len(hits) != 1:
+            raise VstackError(
+                f"{patch_name} is not in patches/series ({', '.join(self.names) or 'empty'})"
+            )
+        return self.names.index(hits[0])
+
+    def slug(self, i: int) -> str:
+        return self.names[i][: -len(".patch")]
+
+    def where(self, chain: list[int]) -> str:
+        base = f"stock vLLM {self.base.version}"
+        return base + (f" + {', '.join(self.slug(j) for j in chain)}" if chain else "")
+
+    def deps(self, i: int) -> tuple[list[int], str]:
+        """(the patches i names as its dependencies, how: "declared", "inferred"
+        or "none"). Declared: its Depends-On: trailers. Inferred (no trailer, and it
+        does not stand alone): the fewest earlier patches it applies on."""
+        if i in self._deps:
+            return self._deps[i]
+        declared = self.infos[i].trailers.get("Depends-On", [])
+        if declared:
+            direct = []
+            for dep in declared:
+                want = dep.strip()
+                want = want if want.endswith(".patch") else want + ".patch"
+                if want not in self.names[:i]:
+                    raise VstackError(
+                        f"patches/{self.names[i]}: Depends-On: {dep} is not an earlier "
+                        f"patch of patches/series"
+                    )
+                direct.append(self.names.index(want))
+            result = (sorted(set(direct)), "declared")
+        else:
+            text = self.patches[i].read_text(errors="replace")
+            imports = imported_paths(text)
+            with gitutil.temp_worktree(
+                self.project.repo, self.base.commit, self.project.cache
+            ) as probe:
+                alone = apply_patches(probe, [self.patches[i]], log=lambda s: None)[
+                    -1
+                ].ok
+            cands = dependencies(self.infos, i, alone, imports)
+            need = prune_dependencies(
+                self.project, self.base.commit, self.patches, cands, i, self.infos
+            )
+            below = set().union(*(self.closure(j) for j in need)) if need else set()
+            direct = [j for j in need if j not in below]
+            result = (direct, "inferred" if direct else "none")
+        self._deps[i] = result
+        return result
+
+    def closure(self, i: int) -> set[int]:
+        direct, _ = self.deps(i)
+        out = set(direct)
+        for j in direct:
+            out |= self.closure(j)
+        return out
+
+
+def load_stack(project: Project, git_path: str | None, base_rev: str | None) -> Stack:
+    patches = series_paths(project.patches_dir)
+    infos = [parse_patch(p.read_text(errors="replace")) for p in patches]
+    checkout = (
+        Path(git_path).resolve()
+        if git_path
+        else (project.submodule if submodule_head(project) else None)
+    )
+    ruff_config = Path(__file__).with_name("vllm_ruff.toml")
+    if checkout is not None:
+        if not gitutil.is_repo(checkout):
+            raise VstackError(f"{checkout} is not a git checkout")
+        rev = base_rev or project.pin.short_hash
+        if gitutil.git(checkout, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}",
+                       check=False).returncode:  # fmt: skip
+            raise VstackError(f"{rev} is not a commit of {checkout} (give --base)")
+        base = base_from_git(project, checkout, rev, project.pin.version)
+        if (checkout / "pyproject.toml").is_file():
+            ruff_config = checkout / "pyproject.toml"
     else:
-        parts.append("# (this change adds no tests)")
-    for _, data in results:
-        if data.get("command"):
-            parts.append(_command(data))
-    parts += ["```", ""]
-    if testing:
-        parts += ["From the commit message:", "", testing, ""]
-    parts += ["## Test Result", ""]
-    if results:
-        for path, data in results:
-            parts += [render_results(path, data), ""]
-    else:
-        parts += [
-            "No recorded benchmark results for this change. Not measured on GPU.",
-            "",
-        ]
-    parts += [f"Lines changed outside tests/kernels/config: {loc}."]
-    if loc > RFC_LINES:
-        parts += ["", f"> **RFC first**: this is over ~{RFC_LINES} lines outside kernels/tests/config; "
-                      "vLLM asks for an RFC issue before a PR of this size."]  # fmt: skip
-    parts += [
-        "", "<details><summary>Essential Elements of an Effective PR Description Checklist</summary>", "",
-        "- [x] The purpose of the PR, such as \"Fix some issue (link existing issues this PR will resolve)\".",
-        "- [x] The test plan, such as providing test command.",
-        "- [x] The test results, such as pasting the results comparison before and after, or e2e results.",
-        "", "</details>", "",
-    ]  # fmt: skip
-    return "\n".join(parts)
+        base = ensure_base(project)
+    # Whether a patch stands alone, and which earlier ones it needs, is decided with
+    # 3-way merges, which need every patch's preimage blobs: present only once the
+    # series has been applied here. Applying it first (cached) makes the answer, and
+    # so the PR revision, the same in a fresh clone as after `scripts/build`.
+    applied_tip(project, pinned_base_anywhere(project), patches)
+    names = [p.name for p in patches]
+    return Stack(project, patches, names, infos, base, checkout, ruff_config)
 
 
 # ---------------------------------------------------------------- git steps
 
 
-def _rewrite_messages(repo: Path, base: str, tip: str) -> str:
-    """Re-create base..tip with stack-only trailers removed (trees and authors kept)."""
-    parent = base
-    for sha in gitutil.out(
-        repo, "rev-list", "--reverse", f"{base}..{tip}"
-    ).splitlines():
-        fmt = gitutil.out(
-            repo,
-            "log",
-            "-1",
-            "--format=%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd",
-            "--date=raw",
-            sha,
-        )
+def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None) -> list[str]:
+    """Re-create base..tip (trees and author dates kept) with stack-only trailers
+    removed; with a signer, their sign-off added, and a bot or placeholder author
+    replaced by them (the DCO check wants the author's own sign-off)."""
+    parent, made = base, []
+    for sha in gitutil.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split():
+        fmt = gitutil.out(repo, "log", "-1", "--date=raw",
+                          "--format=%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd", sha)  # fmt: skip
         an, ae, ad, cn, ce, cd = fmt.split("\0")
-        msg = gitutil.git(repo, "log", "-1", "--format=%B", sha).stdout
+        msg = strip_stack_trailers(
+            gitutil.git(repo, "log", "-1", "--format=%B", sha).stdout
+        )
+        if signer is not None:
+            author = identity.parse(f"{an} <{ae}>")
+            if author is None or identity.refusal(author):
+                an, ae = signer.name, signer.email
+            cn, ce = signer.name, signer.email
+            msg = with_signoff(msg, signer)
         tree = gitutil.out(repo, "rev-parse", f"{sha}^{{tree}}")
         env = {"GIT_AUTHOR_NAME": an, "GIT_AUTHOR_EMAIL": ae, "GIT_AUTHOR_DATE": ad,
                "GIT_COMMITTER_NAME": cn, "GIT_COMMITTER_EMAIL": ce, "GIT_COMMITTER_DATE": cd}  # fmt: skip
         parent = gitutil.out(repo, "commit-tree", tree, "-p", parent, "-F", "-",
-                             input=strip_stack_trailers(msg), env=env)  # fmt: skip
-    return parent
+                             input=msg, env=env)  # fmt: skip
+        made.append(parent)
+    return made
 
 
-def build_commits(project: Project, base: str, patches: list[Path]) -> str:
+def build_chain(project: Project, base: str, patches: list[Path], what: str,
+                signer: Identity | None = None, rewrite: bool = True) -> list[str]:  # fmt: skip
+    """The commits of the patches applied in order on base (stack trailers removed
+    unless rewrite=False)."""
     repo = project.repo
     with gitutil.temp_worktree(repo, base, project.cache) as tmp:
-        results = apply_patches(tmp, patches, log=lambda s: print(s, file=sys.stderr))
-        if results and not results[-1].ok:
-            raise VstackError(f"{results[-1].patch} does not apply on the upstream base {base[:12]}: "
-                              f"{'; '.join(results[-1].details[:2])}")  # fmt: skip
+        results = apply_patches(tmp, patches, log=lambda s: None)
+        bad = next((r for r in results if not r.ok), None)
+        if bad is not None or len(results) != len(patches):
+            r = bad or results[-1]
+            raise VstackError(
+                f"{r.patch} does not apply on {what}: "
+                f"{'; '.join(r.details[:2]) or ', '.join(r.files) or r.status}"
+            )
         tip = gitutil.out(tmp, "rev-parse", "HEAD")
-    return _rewrite_messages(repo, base, tip)
+    count = len(gitutil.out(repo, "rev-list", f"{base}..{tip}").split())
+    if rewrite and count != len(patches):
+        raise VstackError(
+            f"{len(patches)} patch file(s) made {count} commit(s) on {what}: a draft "
+            f"needs one commit per patch (vstack export writes them so)"
+        )
+    if not rewrite:
+        return gitutil.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split()
+    return _rewrite(repo, base, tip, signer)
+
+
+def format_mbox(repo: Path, start: str, tip: str) -> bytes:
+    return gitutil.git(repo, "format-patch", "--stdout", "--zero-commit", "--full-index",
+                       "--no-signature", "--keep-subject", f"{start}..{tip}",
+                       text=False).stdout  # fmt: skip
 
 
 def find_ruff(project: Project) -> str | None:
@@ -353,303 +541,804 @@ def find_ruff(project: Project) -> str | None:
     return None
 
 
-def run_checks(project: Project, base: str, tip: str, patch_texts: list[tuple[str, str]],
-               ruff_config: Path) -> list[Check]:  # fmt: skip
+# ---------------------------------------------------------------- checks
+
+
+def static_checks(project: Project, start: str, tip: str, patch_text: str,
+                  ruff_config: Path) -> list[Check]:  # fmt: skip
+    """SPDX, torch.cuda, imports, config docs from the patch; ruff (check and
+    format, vLLM's configuration) on the files start..tip changes, lines it adds."""
     repo = project.repo
     found: list[Check] = []
-    added_lines: dict[str, set[int]] = {}
-    changes = gitutil.tree_changes(repo, base, tip)
+    changes = gitutil.tree_changes(repo, start, tip)
     py_files = [p for s, p, _ in changes if s != "D" and p.endswith(".py")]
     blobs = gitutil.read_blobs(repo, tip, py_files)
-    # DCO, SPDX, torch.cuda, config docs: from the patch texts
-    for name, text in patch_texts:
-        info = parse_patch(text)
-        signed, author = author_signed_off(text, info.trailers.get("Signed-off-by", []))
-        if not signed:
+    info = parse_patch(patch_text)
+    added: dict[str, set[int]] = {}
+    for _, file, new_no, line in _added_lines(patch_text):
+        added.setdefault(file, set()).add(new_no)
+        if new_torch_cuda_call(file, line):
+            found.append(Check("torch-cuda", f"{file}:{new_no}",
+                               "new direct torch.cuda call (use torch.accelerator / current_platform)"))  # fmt: skip
+        advice = forbidden_import(file, line)
+        if advice:
             found.append(
-                Check(
-                    "dco",
-                    f"{name}:1",
-                    f"commit '{info.subject}' lacks Signed-off-by: {author or '?'}",
-                )
+                Check("import", f"{file}:{new_no}", f"`{line.strip()}`: {advice}")
             )
-        added: dict[str, set[int]] = {}
-        for _, file, new_no, line in _added_lines(text):
-            added.setdefault(file, set()).add(new_no)
-            added_lines.setdefault(file, set()).add(new_no)
-            if new_torch_cuda_call(file, line):
+    for file in info.added:
+        if file.endswith(".py") and file in blobs and blobs[file].strip():
+            head = blobs[file].decode(errors="replace").splitlines()[:5]
+            if not all(s in head for s in SPDX_LINES):
                 found.append(
-                    Check(
-                        "torch-cuda",
-                        f"{file}:{new_no}",
-                        "new direct torch.cuda call (use torch.accelerator / current_platform)",
-                    )
+                    Check("spdx", f"{file}:1", "missing vLLM's SPDX header lines")
                 )
-            advice = forbidden_import(file, line)
-            if advice:
-                found.append(
-                    Check("import", f"{file}:{new_no}", f"`{line.strip()}`: {advice}")
-                )
-        for file in info.added:
-            if file.endswith(".py") and file in blobs and blobs[file].strip():
-                head = blobs[file].decode(errors="replace").splitlines()[:5]
-                if not all(s in head for s in SPDX_LINES):
-                    found.append(
-                        Check("spdx", f"{file}:1", "missing vLLM's SPDX header lines")
-                    )
-        for file, lines in added.items():
-            if file.startswith("vllm/config/") and file in blobs:
-                found += undocumented_config_fields(
-                    file, blobs[file].decode(errors="replace"), lines
-                )
-    # ruff with vLLM's configuration, on the changed files
+    for file, lines in added.items():
+        if file.startswith("vllm/config/") and file in blobs:
+            found += undocumented_config_fields(
+                file, blobs[file].decode(errors="replace"), lines
+            )
     ruff = find_ruff(project)
     if ruff is None:
-        found.append(
+        return found + [
             Check(
                 "ruff",
-                "-",
+                "",
                 "ruff not found (pip install ruff==0.14.0, or set VSTACK_RUFF)",
             )
-        )
+        ]
+    if not blobs:
         return found
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         # ruff reads pyproject.toml ([tool.ruff]) or ruff.toml (top-level keys)
-        shutil.copy(
-            ruff_config,
-            tmp
-            / (
-                "pyproject.toml"
-                if ruff_config.name == "pyproject.toml"
-                else "ruff.toml"
-            ),
-        )
+        name = "pyproject.toml" if ruff_config.name == "pyproject.toml" else "ruff.toml"
+        shutil.copy(ruff_config, tmp / name)
         for path, data in blobs.items():
             (tmp / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp / path).write_bytes(data)
-        if not blobs:
-            return found
         p = subprocess.run([ruff, "check", "--no-cache", "--output-format=concise", *blobs],
                            cwd=tmp, capture_output=True, text=True)  # fmt: skip
         # Only what the change adds is the PR's to fix: upstream's own lines pass
         # upstream's configuration (ours only restates it when no checkout exists).
         for line in p.stdout.splitlines():
             m = re.match(r"^(.+?):(\d+):\d+: (.+)$", line)
-            if m and int(m.group(2)) in added_lines.get(m.group(1), ()):
+            if m and int(m.group(2)) in added.get(m.group(1), ()):
                 found.append(Check("ruff", f"{m.group(1)}:{m.group(2)}", m.group(3)))
-        p = subprocess.run(
-            [ruff, "format", "--no-cache", "--diff", *blobs],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-        )
+        p = subprocess.run([ruff, "format", "--no-cache", "--diff", *blobs], cwd=tmp,
+                           capture_output=True, text=True)  # fmt: skip
         current = None
         for line in p.stdout.splitlines():
             if line.startswith("--- "):
                 current = line[4:].strip()
             m = re.match(r"^@@ -(\d+)(?:,(\d+))?", line)
             if m and current:
-                start, n = int(m.group(1)), int(m.group(2) or 1)
-                if set(range(start, start + max(n, 1))) & added_lines.get(
+                start_no, n = int(m.group(1)), int(m.group(2) or 1)
+                if set(range(start_no, start_no + max(n, 1))) & added.get(
                     current, set()
                 ):
-                    found.append(
-                        Check(
-                            "ruff-format",
-                            f"{current}:{start}",
-                            "not formatted as `ruff format` would",
-                        )
-                    )
+                    found.append(Check("ruff-format", f"{current}:{start_no}",
+                                       "not formatted as `ruff format` would"))  # fmt: skip
     return found
+
+
+def dco_check(repo: Path, commits: list[str], hint: str) -> Check:
+    """The DCO app's rule on every commit: a Signed-off-by of its author, by a
+    person. No sign-off at all is "unsigned: not sendable", not a failure."""
+    unsigned, bad = [], []
+    for sha in commits:
+        an, ae, subject = gitutil.out(
+            repo, "log", "-1", "--format=%an%x00%ae%x00%s", sha
+        ).split("\0")
+        author = Identity(an, ae)
+        values = signoffs(gitutil.git(repo, "log", "-1", "--format=%B", sha).stdout)
+        if not values:
+            unsigned.append(subject)
+            continue
+        idents = [identity.parse(v) for v in values]
+        refused = [v for v, i in zip(values, idents, strict=True)
+                   if i is None or identity.refusal(i)]  # fmt: skip
+        if refused:
+            bad.append(f"'{subject}': Signed-off-by {refused[0]} is not a person's")
+        elif identity.refusal(author):
+            bad.append(f"'{subject}': its author {author} is not a person")
+        elif not any(i.same_as(author) for i in idents):
+            bad.append(f"'{subject}': no Signed-off-by from its author {author}")
+    if bad:
+        return Check("dco", "", "; ".join(bad))
+    if unsigned:
+        return Check("dco", "", f"unsigned: not sendable ({hint})", status="UNSIGNED")
+    return Check("dco", "", f"every commit ({len(commits)}) signed off by its author",
+                 status="PASS")  # fmt: skip
+
+
+# ---------------------------------------------------------------- a draft
+
+
+@dataclasses.dataclass
+class Draft:
+    index: int
+    slug: str
+    title: str
+    direct: list[int]
+    chain: list[int]
+    how: str  # declared / inferred / none
+    start: str  # the commit the PR's own commits sit on (stock + dependencies)
+    tip: str
+    mbox: bytes
+    checks: list[Check]
+    tests: list[str]
+    test_run: object | None = None
+    repro_run: object | None = None
+    non_test: int = 0
+    loc: int = 0
+    revision: int = 0
+    rfc: str | None = None
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "FAIL"]
+
+    @property
+    def signed(self) -> bool:
+        return not any(c.status == "UNSIGNED" for c in self.checks)
+
+
+def _own_tests(info, tip_files: set[str]) -> list[str]:
+    return sorted(
+        p for p in info.files
+        if p.startswith("tests/") and Path(p).name.startswith("test_")
+        and p.endswith(".py") and p in tip_files
+    )  # fmt: skip
+
+
+def _test_files(info) -> list[str]:
+    return [p for p in info.files if p.startswith("tests/") and p not in info.deleted]
+
+
+def rfc_of(stack: Stack, i: int) -> str | None:
+    values = stack.infos[i].trailers.get("RFC", [])
+    return values[0].strip() if values else None
+
+
+def make_draft(stack: Stack, i: int, python: Path | None, run_tests: bool,
+               signer: Identity | None) -> tuple[Draft, list[str] | None]:  # fmt: skip
+    """The draft of patch i, and with a signer the signed commits."""
+    project, repo = stack.project, stack.project.repo
+    info = stack.infos[i]
+    direct, how = stack.deps(i)
+    chain = sorted(stack.closure(i))
+    paths = [stack.patches[j] for j in chain] + [stack.patches[i]]
+    where = stack.where(chain)
+    print(f"vstack upstream: {stack.names[i]} on {where}")
+    commits = build_chain(project, stack.base.commit, paths, where)
+    start = commits[len(chain) - 1] if chain else stack.base.commit
+    tip = commits[-1]
+    mbox = format_mbox(repo, start, tip)
+    slug = stack.slug(i)
+    checks: list[Check] = []
+    if how == "declared":
+        msg = f"on {where} (its Depends-On)"
+    elif how == "inferred":
+        msg = (f"on {where}: inferred, as it does not apply on stock vLLM alone; "
+               f"declare with `Depends-On: <patch>` trailers")  # fmt: skip
+    else:
+        msg = f"on stock vLLM {stack.base.version} alone"
+    checks.append(Check("applies", "", msg, status="PASS"))
+    title = info.subject
+    if TITLE_TAGS.match(title):
+        checks.append(Check("title", "", "vLLM's bracketed tags", status="PASS"))
+    else:
+        checks.append(Check("title", f"{stack.names[i]}:1",
+                            f"title '{title}' lacks vLLM's bracketed tags ([EPLB][Perf] ...)"))  # fmt: skip
+    text = stack.patches[i].read_text(errors="replace")
+    static = static_checks(project, start, tip, text, stack.ruff_config)
+    checks += static or [Check("lint", "", "ruff check + format (vLLM's configuration), "
+                               "SPDX, torch.cuda, imports, config docs", status="PASS")]  # fmt: skip
+    if stack.checkout is not None:
+        from vstack.precommit import run_on_commit, why_not
+
+        reason = why_not(project, repo, stack.base.commit)
+        if reason:
+            checks.append(
+                Check(
+                    "pre-commit", "", f"vLLM's hooks not run: {reason}", status="SKIP"
+                )
+            )
+        else:
+            print("  running vLLM's own pre-commit hooks on the changed files ...")
+            failures = run_on_commit(project, repo, start, tip)
+            checks += [Check("pre-commit", f.hook, f.summary()) for f in failures] or [
+                Check("pre-commit", "", "vLLM's hooks on the changed files", status="PASS")]  # fmt: skip
+    else:
+        checks.append(Check("pre-commit", "", "vLLM's hooks not run: no vLLM checkout "
+                            "(populate vllm/ or --git)", status="SKIP"))  # fmt: skip
+    # the PR's own tests, on the base it targets
+    tip_files = set(
+        gitutil.out(
+            repo, "ls-tree", "-r", "--name-only", tip, "--", "tests"
+        ).splitlines()
+    )
+    tests = _own_tests(info, tip_files)
+    test_run = repro_run = None
+    if not tests:
+        checks.append(Check("tests", "", "the PR adds no tests", status="NOTE"))
+    elif not run_tests:
+        checks.append(Check("tests", "", "not run (--no-tests)", status="SKIP"))
+    elif python is None:
+        checks.append(Check("tests", "", "not run: no test environment (scripts/test "
+                            "creates it; or --python)"))  # fmt: skip
+    else:
+        from vstack.check import check_prefix, tests_at
+
+        print(f"  tests on {where} + this PR: {' '.join(tests)} ...")
+        runs: list = []
+        problems = check_prefix(repo, start, tip, tests, python, log=lambda s: None,
+                                stop_first=False, timeout=TEST_TIMEOUT, runs=runs)  # fmt: skip
+        test_run = runs[0] if runs else None
+        if problems:
+            checks += [
+                Check("tests", "", f"on {where} + this PR: {p}") for p in problems
+            ]
+        else:
+            checks.append(Check("tests", "", f"{test_run.summary} on {where} + this PR (CPU)",
+                                status="PASS"))  # fmt: skip
+            if "[Bugfix]" in title:
+                repro_run = tests_at(repo, start, tests, python,
+                                     overlay=(tip, _test_files(info)),
+                                     stop_first=False, timeout=TEST_TIMEOUT)  # fmt: skip
+                if repro_run.ok:
+                    checks.append(Check("reproduces", "", f"the tests pass on {where} "
+                                        f"without the fix ({repro_run.summary}): they do not "
+                                        "show the bug"))  # fmt: skip
+                else:
+                    checks.append(Check("reproduces", "", f"without the fix, on {where}: "
+                                        f"{repro_run.summary}", status="PASS"))  # fmt: skip
+    # results, RFC, DCO
+    for rel in info.trailers.get("Stack-Results", []):
+        if not (project.root / rel.strip()).is_file():
+            checks.append(Check("results", f"{stack.names[i]}:1",
+                                f"Stack-Results file {rel} does not exist"))  # fmt: skip
+    diff = gitutil.git(repo, "diff", "--no-renames", start, tip).stdout
+    loc = loc_outside_exempt(diff)
+    rfc = rfc_of(stack, i)
+    if rfc is not None:
+        exists = (project.root / rfc).is_file()
+        checks.append(Check("rfc", "", f"implements the RFC drafted from {rfc}"
+                            + ("" if exists else " (not written yet)"),
+                            status="PASS" if exists else "NOTE"))  # fmt: skip
+    elif loc > RFC_LINES:
+        checks.append(Check("rfc", "", f"{loc} lines outside kernels/tests/config (over "
+                            f"{RFC_LINES}): vLLM asks for an RFC issue first; name its "
+                            f"document with an `RFC: docs/<name>.md` trailer", status="NOTE"))  # fmt: skip
+    hint = f'scripts/vstack upstream {slug} --signoff "Full Name <you@domain>"'
+    checks.append(dco_check(repo, commits[len(chain) :], hint))
+    signed_commits = None
+    if signer is not None:
+        signed_commits = build_chain(project, stack.base.commit, paths, where, signer)
+    draft = Draft(i, slug, title, direct, chain, how, start, tip, mbox, checks, tests,
+                  test_run, repro_run, non_test_lines(diff), loc, rfc=rfc)  # fmt: skip
+    return draft, signed_commits
+
+
+# ---------------------------------------------------------------- the body
+
+
+def render_body(stack: Stack, d: Draft) -> str:
+    info = stack.infos[d.index]
+    purpose, design, testing = split_message(info.body)
+    parts = ["## Purpose", "", purpose or "(the patch has no description)", ""]
+    for j in d.direct:
+        pr = stack.infos[j].trailers.get("Upstream-PR", [])
+        ref = (
+            f"#{pr[0].strip()}"
+            if pr
+            else f"the PR drafted in `upstream/{stack.slug(j)}/` (not opened yet)"
+        )
+        parts.append(f"**Depends on** {ref}: {stack.infos[j].subject}.")
+    if d.direct:
+        parts += [
+            "Its commit(s) come first on this branch; review only this PR's own commit.",
+            "",
+        ]
+    if d.rfc:
+        parts += [
+            f"**Part of the RFC** drafted from `{d.rfc}` (`upstream/{rfc_slug(d.rfc)}/`).",
+            "",
+        ]
+    if design:
+        parts += ["## Design", "", design, ""]
+    parts += ["## Test Plan", "", "```bash"]
+    if d.tests:
+        parts += [
+            "# CPU (Triton kernels under the interpreter), as run for this draft:",
+            f"{CPU_ENV} pytest -q {' '.join(d.tests)}",
+            "# on a GPU (the GPU-only tests run too):",
+            f"pytest -q {' '.join(d.tests)}",
+        ]
+    else:
+        parts.append("# (this change adds no tests)")
+    results = []
+    for rel in info.trailers.get("Stack-Results", []):
+        path = stack.project.root / rel.strip()
+        if path.is_file():
+            results.append((path, json.loads(path.read_text())))
+    if results:
+        parts.append("# the benchmarks behind the results below:")
+        parts += list(dict.fromkeys(_command(data) for _, data in results))
+    parts += ["```", ""]
+    if testing:
+        parts += [re.sub(r"^(Tests?|Tested|Testing)( \([^)]*\))?:\s*", "", testing), ""]
+    parts += ["## Test Result", ""]
+    where = stack.where(d.chain)
+    if d.test_run is not None:
+        parts.append(f"- Tests on {where} + this PR, CPU: **{d.test_run.summary}**.")
+        if d.test_run.skipped:
+            reasons: dict[str, int] = {}
+            for s in d.test_run.skipped:
+                reason = s.split(": ", 1)[-1]
+                reasons[reason] = reasons.get(reason, 0) + 1
+            parts.append(
+                "  Skipped: "
+                + "; ".join(f"{n} ({r})" for r, n in reasons.items())
+                + "."
+            )
+    else:
+        parts.append("- Tests: not run for this draft (see checks.txt).")
+    if d.repro_run is not None:
+        failed = ", ".join(f"`{f.split('::')[-1]}`" for f in d.repro_run.failed)
+        parts.append(f"- Without the fix, on {where}: **{d.repro_run.summary}**"
+                     + (f" ({failed})." if failed else "."))  # fmt: skip
+    parts.append("")
+    for path, data in results:
+        parts += [render_results(path, data), ""]
+    gpu = [p.name for p, data in results if measured_on_gpu(data)]
+    skipped = len(d.test_run.skipped) if d.test_run is not None else 0
+    parts.append(
+        "**Not run on a GPU**: no test or number here ran on a GPU"
+        + (f" (except {', '.join(gpu)})" if gpu else "")
+        + "; everything above ran on CPU"
+        + (
+            f", and the {skipped} test(s) skipped there still need a GPU run."
+            if skipped
+            else "."
+        )
+    )
+    parts += [
+        "", f"Lines changed outside tests: {d.non_test}.",
+        "", "<details><summary>Essential Elements of an Effective PR Description Checklist</summary>", "",
+        "- [x] The purpose of the PR, such as \"Fix some issue (link existing issues this PR will resolve)\".",
+        "- [x] The test plan, such as providing test command.",
+        "- [x] The test results, such as pasting the results comparison before and after, or e2e results.",
+        "", "</details>", "",
+    ]  # fmt: skip
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- revisions
+
+
+def _blob(root: Path, path: Path) -> str:
+    """The patch file's git blob id; written into the project's object database
+    (a revision regenerates before its files are committed, on this machine)."""
+    write = ["-w"] if gitutil.is_repo(root) else []
+    return gitutil.out(root, "hash-object", *write, str(path))
+
+
+def _pin_record(pin: Pin) -> dict:
+    return {"version": pin.version, "commit": pin.commit, "wheel": pin.wheel,
+            "sha256": pin.sha256}  # fmt: skip
+
+
+def _legacy_source(root: Path, rel: str, digest: str) -> dict | None:
+    """The project commit holding an old revision's mbox (revisions written before
+    their sources were recorded kept it in the tree)."""
+    if not gitutil.is_repo(root):
+        return None
+    p = gitutil.git(root, "rev-list", "HEAD", "--", rel, check=False)
+    for commit in p.stdout.split():
+        data = gitutil.git(root, "show", f"{commit}:{rel}", check=False, text=False)
+        if data.returncode == 0 and hashlib.sha256(data.stdout).hexdigest() == digest:
+            return {"commit": commit, "path": rel}
+    return None
+
+
+def load_meta(project: Project, slug: str) -> dict:
+    path = project.root / "upstream" / slug / "meta.json"
+    meta = json.loads(path.read_text()) if path.is_file() else {"revisions": []}
+    for rev in meta["revisions"]:
+        if "patches" in rev or "legacy_mbox" in rev:
+            continue
+        rel = f"upstream/{slug}/v{rev['revision']}.mbox"
+        src = _legacy_source(project.root, rel, rev["digest"])
+        if src is not None:
+            rev["legacy_mbox"] = src
+    return meta
+
+
+def _rev_ref(slug: str, n: int, what: str = "tip") -> str:
+    return f"refs/vstack/upstream/{slug}/v{n}" + ("" if what == "tip" else f"-{what}")
+
+
+def rebuild(project: Project, slug: str, rev: dict,
+            signer: Identity | None = None) -> tuple[str, str, bytes]:  # fmt: skip
+    """(start, tip, mbox) of a recorded revision, from the git objects it records:
+    the patch blobs applied on the recorded pin's base, or an old revision's mbox
+    from the project commit that held it."""
+    root = project.root
+    if "legacy_mbox" in rev:
+        src = rev["legacy_mbox"]
+        data = gitutil.git(
+            root, "show", f"{src['commit']}:{src['path']}", text=False
+        ).stdout
+        if signer is not None:
+            raise VstackError(f"revision {rev['revision']} of {slug} predates recorded "
+                              f"sources: sign a current revision instead")  # fmt: skip
+        base = rev.get("base")
+        with tempfile.TemporaryDirectory() as tmp:
+            mbox = Path(tmp) / f"v{rev['revision']}.mbox"
+            mbox.write_bytes(data)
+            tip = None
+            if base and gitutil.rev_parse(project.repo, base):
+                tip = build_chain(project, base, [mbox], f"base {base[:12]}",
+                                  rewrite=False)[-1]  # fmt: skip
+        return base, tip, data
+    if "patches" not in rev:
+        raise VstackError(f"revision {rev['revision']} of {slug} records no sources "
+                          f"(meta.json)")  # fmt: skip
+    pin = Pin(image="", **rev["pin"])
+    base = ensure_base(project, pin)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for k, p in enumerate(rev["patches"]):
+            got = gitutil.git(
+                root, "cat-file", "blob", p["blob"], check=False, text=False
+            )
+            if got.returncode:
+                raise VstackError(
+                    f"revision {rev['revision']} of {slug}: {p['name']} (blob "
+                    f"{p['blob'][:12]}) is not in this repository's git objects: it was "
+                    f"never committed"
+                )
+            path = Path(tmp) / f"{k:03d}-{p['name']}"
+            path.write_bytes(got.stdout)
+            paths.append(path)
+        commits = build_chain(
+            project, base.commit, paths, f"vLLM {pin.version}", signer
+        )
+    start = commits[-2] if len(commits) > 1 else base.commit
+    mbox = format_mbox(project.repo, start, commits[-1])
+    if signer is None and hashlib.sha256(mbox).hexdigest() != rev["digest"]:
+        raise VstackError(f"revision {rev['revision']} of {slug} rebuilt differently "
+                          f"from its recorded digest")  # fmt: skip
+    return start, commits[-1], mbox
+
+
+def range_diff(project: Project, slug: str, prev: dict, start: str, tip: str) -> str:
+    repo = project.repo
+    if "patches" in prev:
+        old_start = gitutil.rev_parse(repo, _rev_ref(slug, prev["revision"], "start"))
+        old_tip = gitutil.rev_parse(repo, _rev_ref(slug, prev["revision"]))
+    else:  # written before revisions recorded their sources: base..tip
+        old_start = prev.get("base")
+        old_tip = gitutil.rev_parse(repo, prev["tip"]) if prev.get("tip") else None
+    try:
+        if old_tip is None or old_start is None:
+            old_start, old_tip, _ = rebuild(project, slug, prev)
+    except VstackError as e:
+        old_tip = None
+        why = str(e)
+    if old_tip is None:
+        why = locals().get("why", "its commits are not here")
+        return f"(revision {prev['revision']} cannot be rebuilt here: {why})\n"
+    return gitutil.git(repo, "range-diff", "--no-color", f"{old_start}..{old_tip}",
+                       f"{start}..{tip}").stdout  # fmt: skip
+
+
+def record_revision(stack: Stack, d: Draft) -> tuple[int, str | None]:
+    """The draft's revision number (a new one when its mbox changed) and, for a
+    new revision after the first, the range-diff against the previous one."""
+    project = stack.project
+    meta = load_meta(project, d.slug)
+    digest = hashlib.sha256(d.mbox).hexdigest()
+    revs = meta["revisions"]
+    if revs and revs[-1]["digest"] == digest:
+        n, rd = revs[-1]["revision"], None
+    else:
+        n = (revs[-1]["revision"] + 1) if revs else 1
+        rd = range_diff(project, d.slug, revs[-1], d.start, d.tip) if revs else None
+        paths = [stack.patches[j] for j in d.chain] + [stack.patches[d.index]]
+        revs.append({
+            "revision": n, "digest": digest, "pin": _pin_record(project.pin),
+            "base": stack.base.commit, "depends_on": [stack.names[j] for j in d.direct],
+            "patches": [{"name": p.name, "blob": _blob(project.root, p)} for p in paths],
+        })  # fmt: skip
+    meta["patch"] = stack.names[d.index]
+    repo = project.repo
+    gitutil.git(repo, "update-ref", _rev_ref(d.slug, n), d.tip)
+    gitutil.git(repo, "update-ref", _rev_ref(d.slug, n, "start"), d.start)
+    out = project.root / "upstream" / d.slug
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return n, rd
+
+
+def write_draft(stack: Stack, d: Draft, range_text: str | None) -> Path:
+    out = stack.project.root / "upstream" / d.slug
+    keep = {f"v{d.revision}.mbox", f"range-diff-v{d.revision - 1}-v{d.revision}.txt"}
+    for old in [*out.glob("v*.mbox"), *out.glob("range-diff-*.txt")]:
+        if old.name not in keep:
+            old.unlink()
+    (out / f"v{d.revision}.mbox").write_bytes(d.mbox)
+    if range_text is not None:
+        (out / f"range-diff-v{d.revision - 1}-v{d.revision}.txt").write_text(range_text)
+    (out / "title.txt").write_text(d.title + "\n")
+    (out / "body.md").write_text(render_body(stack, d))
+    (out / "checks.txt").write_text(render_checks(stack, d))
+    return out
+
+
+def render_checks(stack: Stack, d: Draft) -> str:
+    deps = ", ".join(stack.slug(j) for j in d.direct) or "none"
+    lines = [
+        f"draft {d.slug} v{d.revision}: {d.title}",
+        f"base: vLLM {stack.base.version} ({stack.base.commit[:12]}, from "
+        f"{stack.base.source}); depends on: {deps}"
+        + (" (inferred)" if d.how == "inferred" else ""),
+        f"lines changed outside tests: {d.non_test}",
+        "",
+    ]
+    lines += [f"{c.status:<8} {c}" for c in d.checks]
+    failed = d.failed
+    lines += ["", f"result: {len(failed)} check(s) failed" if failed else
+              "result: all checks passed" + ("" if d.signed else "; unsigned: not sendable yet")]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- RFC drafts
+
+
+def rfc_slug(doc: str) -> str:
+    return "rfc-" + re.sub(r"[^a-z0-9]+", "-", Path(doc).stem.lower()).strip("-")
+
+
+def rfc_documents(stack: Stack) -> list[str]:
+    """stack.toml [upstream] rfcs, then every document a patch names in `RFC:`."""
+    data = tomllib.loads((stack.project.root / "stack.toml").read_text())
+    docs = list(data.get("upstream", {}).get("rfcs", []))
+    for i in range(len(stack.names)):
+        doc = rfc_of(stack, i)
+        if doc and doc not in docs:
+            docs.append(doc)
+    return docs
+
+
+def render_rfc(
+    doc: str, text: str, prs: list[tuple[str, str, list[str]]]
+) -> tuple[str, str]:
+    """(title, issue body) in vLLM's RFC issue template from a Markdown document:
+    its first heading is the title, a section named like Motivation / Why /
+    Problem / Background the motivation, the rest the proposed change; `prs` =
+    (draft, title, what it depends on) of the PRs that implement it."""
+    lines = text.splitlines()
+    title = next(
+        (ln.lstrip("#").strip() for ln in lines if ln.startswith("# ")), Path(doc).stem
+    )
+    sections: list[tuple[str, list[str]]] = [("", [])]
+    for ln in lines:
+        if ln.startswith("# "):
+            continue
+        m = re.match(r"^(#{2,})\s+(.*)$", ln)
+        if m and len(m.group(1)) == 2:
+            sections.append((m.group(2).strip(), []))
+        else:
+            sections[-1][1].append(ln)
+    motivation, change = [], []
+    for name, body in sections:
+        block = "\n".join(body).strip()
+        if not block:
+            continue
+        if re.match(r"(motivation|why|problem|background)", name, re.I) or (
+            not name and not motivation
+        ):
+            motivation.append(block)
+        else:
+            change.append((f"#### {name}\n\n" if name else "") + block)
+    impl = [f"{k}. `upstream/{slug}/`: {t}" + (f" (depends on {', '.join(deps)})" if deps else "")
+            for k, (slug, t, deps) in enumerate(prs, 1)]  # fmt: skip
+    body = [
+        "### Motivation.", "", "\n\n".join(motivation) or "(see the proposed change)", "",
+        "### Proposed Change.", "", "\n\n".join(change) or "(see the document)", "",
+        "#### Implementation", "",
+        *(impl or ["No patch of the stack names this document in an `RFC:` trailer yet."]),
+        "", "### Feedback Period.", "", "To be set by the submitter when the issue is opened.", "",
+        "### CC List.", "", "To be filled in by the submitter (the EPLB maintainers).", "",
+        "### Any Other Things.", "",
+        f"Drafted by `vstack upstream` from `{doc}` of the EPLB stack. No number in it was "
+        "measured on a GPU.", "",
+    ]  # fmt: skip
+    return f"[RFC]: {title}", "\n".join(body)
+
+
+def write_rfcs(stack: Stack, drafts: dict[int, Draft]) -> list[str]:
+    notes = []
+    for doc in rfc_documents(stack):
+        path = stack.project.root / doc
+        slug = rfc_slug(doc)
+        prs = [(d.slug, d.title, [stack.slug(j) for j in d.direct])
+               for d in drafts.values() if d.rfc == doc]  # fmt: skip
+        if not path.is_file():
+            notes.append(f"RFC {doc} does not exist yet: no RFC issue draft written"
+                         + (f" ({len(prs)} PR(s) name it)" if prs else ""))  # fmt: skip
+            continue
+        title, body = render_rfc(doc, path.read_text(), prs)
+        out = stack.project.root / "upstream" / slug
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "title.txt").write_text(title + "\n")
+        (out / "issue.md").write_text(body)
+        notes.append(
+            f"RFC issue draft upstream/{slug}/ from {doc} ({len(prs)} implementation PR(s))"
+        )
+    return notes
 
 
 # ---------------------------------------------------------------- the verb
 
 
-def cmd_upstream(
-    project: Project, patch_name: str, git_path: str | None, base_rev: str | None
-) -> int:
-    patches = series_paths(project.patches_dir)
-    names = [p.name for p in patches]
-    if patch_name not in names:
-        stem_hits = [n for n in names if patch_name in n]
-        if len(stem_hits) != 1:
-            raise VstackError(
-                f"{patch_name} is not in patches/series ({', '.join(names) or 'empty'})"
-            )
-        patch_name = stem_hits[0]
-    index = names.index(patch_name)
-    infos = [parse_patch(p.read_text(errors="replace")) for p in patches]
-    slug = patch_name[: -len(".patch")]
-    # the upstream base: a checkout's revision, or the pinned base
-    checkout = (
-        Path(git_path).resolve()
-        if git_path
-        else (project.submodule if submodule_head(project) else None)
-    )
-    if checkout is not None:
-        if not gitutil.is_repo(checkout):
-            raise VstackError(f"{checkout} is not a git checkout")
-        rev = base_rev or project.pin.short_hash
-        if gitutil.git(
-            checkout,
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            f"{rev}^{{commit}}",
-            check=False,
-        ).returncode:
-            raise VstackError(f"{rev} is not a commit of {checkout} (give --base)")
-        base = base_from_git(project, checkout, rev, project.pin.version)
-        pyproject = checkout / "pyproject.toml"
-        ruff_config = (
-            pyproject
-            if pyproject.is_file()
-            else Path(__file__).with_name("vllm_ruff.toml")
-        )
-    else:
-        base = ensure_base(project)
-        ruff_config = Path(__file__).with_name("vllm_ruff.toml")
-    repo = project.repo
-    # Whether a patch stands alone, and which earlier ones it needs, is decided with
-    # 3-way merges, which need every patch's preimage blobs: present only once the
-    # series has been applied here. Applying it first (cached) makes the answer, and
-    # so the PR revision, the same in a fresh clone as after `scripts/build`.
-    applied_tip(project, pinned_base_anywhere(project), patches)
-    with gitutil.temp_worktree(repo, base.commit, project.cache) as probe:
-        # A patch that needs only a 3-way merge (context from an unrelated earlier
-        # patch) still stands alone upstream.
-        alone = apply_patches(probe, [patches[index]], log=lambda s: None)[-1].ok
-    dep_idx = dependencies(
-        infos, index, alone, imported_paths(patches[index].read_text(errors="replace"))
-    )
-    dep_idx = prune_dependencies(project, base.commit, patches, dep_idx, index, infos)
-    chosen = [patches[j] for j in dep_idx] + [patches[index]]
-    print(f"vstack upstream: {patch_name} on {base.commit[:12]} ({base.source})")
-    for j in dep_idx:
-        print(f"  depends on: {names[j]} ({infos[j].subject})")
-    tip = build_commits(project, base.commit, chosen)
-    texts = [(p.name, p.read_text(errors="replace")) for p in chosen]
-    checks = run_checks(project, base.commit, tip, texts, ruff_config)
-    if checkout is not None:
-        from vstack.precommit import run_on_commit, why_not
-
-        reason = why_not(project, repo, base.commit)
-        if reason:
-            print(f"  vLLM's own pre-commit hooks not run: {reason}")
-        else:
-            print("  running vLLM's own pre-commit hooks on the changed files ...")
-            for failure in run_on_commit(project, repo, base.commit, tip):
-                checks.append(Check("pre-commit", failure.hook, failure.summary()))
-    info = infos[index]
-    title = info.subject
-    if not TITLE_TAGS.match(title):
-        checks.insert(
-            0,
-            Check(
-                "title",
-                f"{patch_name}:1",
-                f"title '{title}' lacks vLLM's bracketed tags ([EPLB][Perf] ...)",
-            ),
-        )
-    # results files named by the patch's Stack-Results trailers
-    results = []
-    for rel in info.trailers.get("Stack-Results", []):
-        path = project.root / rel.strip()
-        if not path.is_file():
-            checks.append(
-                Check(
-                    "results",
-                    f"{patch_name}:1",
-                    f"Stack-Results file {rel} does not exist",
-                )
-            )
-            continue
-        results.append((path, json.loads(path.read_text())))
-    diff = gitutil.git(repo, "diff", "--no-renames", base.commit, tip).stdout
-    loc = loc_outside_exempt(diff)
-    tests = sorted(
-        p
-        for p in info.added
-        if p.startswith("tests/")
-        and p.endswith(".py")
-        and Path(p).name.startswith("test_")
-    )
-    deps_text = [f"{infos[j].subject} (stack patch {names[j]})" for j in dep_idx]
-    body = render_body(info, deps_text, tests, results, loc)
-    # revisions: a new one whenever the content of the PR changes
-    out = project.root / "upstream" / slug
+def _sendable(stack: Stack, d: Draft, signed: list[str], signer: Identity) -> Path:
+    """The signed copy of a draft: .vstack/outgoing/<slug>/v<N>.mbox and its DCO."""
+    repo = stack.project.repo
+    start = signed[len(d.chain) - 1] if d.chain else stack.base.commit
+    out = stack.project.cache / OUTGOING / d.slug
     out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / "meta.json"
-    meta = (
-        json.loads(meta_path.read_text()) if meta_path.is_file() else {"revisions": []}
-    )
-    mbox = gitutil.git(repo, "format-patch", "--stdout", "--zero-commit", "--full-index", "--no-signature",
-                       "--keep-subject", f"{base.commit}..{tip}", text=False).stdout  # fmt: skip
-    digest = hashlib.sha256(mbox).hexdigest()
-    revs = meta["revisions"]
-    if revs and revs[-1]["digest"] == digest:
-        rev_no, range_diff = revs[-1]["revision"], None
-    else:
-        rev_no = len(revs) + 1
-        range_diff = (
-            _range_diff(project, out, revs[-1], base.commit, tip) if revs else None
+    mbox = out / f"v{d.revision}.mbox"
+    mbox.write_bytes(format_mbox(repo, start, signed[-1]))
+    dco = dco_check(repo, signed[len(d.chain) :], "")
+    (out / "checks.txt").write_text(f"{dco.status:<8} {dco}\nsigned off by: {signer}\n")
+    if dco.status == "FAIL":
+        raise VstackError(
+            f"{d.slug}: signed as {signer}, the DCO check still fails: {dco.message}"
         )
-        revs.append(
-            {"revision": rev_no, "digest": digest, "base": base.commit, "tip": tip}
-        )
-        gitutil.git(repo, "update-ref", f"refs/vstack/upstream/{slug}/v{rev_no}", tip)
-    (out / f"v{rev_no}.mbox").write_bytes(mbox)
-    (out / "title.txt").write_text(title + "\n")
-    (out / "body.md").write_text(body)
-    (out / "checks.txt").write_text(
-        "".join(f"{c}\n" for c in checks) or "all checks passed\n"
-    )
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    branch = f"vstack/{slug}-v{rev_no}"
-    if checkout is not None:
-        gitutil.git(
-            checkout,
-            "fetch",
-            "-q",
-            "--no-tags",
-            str(repo.resolve()),
-            f"+{tip}:refs/heads/{branch}",
-        )
-        print(f"  branch {branch} in {checkout} ({len(chosen)} commit(s))")
-    print(f"  revision {rev_no}; title: {title}")
+    return mbox
+
+
+def _report(stack: Stack, d: Draft, out: Path, range_text: str | None,
+            signer: Identity | None, sendable: Path | None, signed: list[str] | None) -> None:  # fmt: skip
+    root = stack.project.root
+    for j in d.direct:
+        print(f"  depends on: {stack.names[j]} ({stack.infos[j].subject})"
+              + (" [inferred]" if d.how == "inferred" else ""))  # fmt: skip
+    print(f"  revision {d.revision}; title: {d.title}; {d.non_test} non-test line(s)")
     print(
-        f"  wrote {out.relative_to(project.root)}/{{title.txt,body.md,v{rev_no}.mbox,checks.txt}}"
+        f"  wrote {out.relative_to(root)}/{{title.txt,body.md,v{d.revision}.mbox,checks.txt}}"
     )
-    if range_diff is not None:
-        print(f"  range-diff v{rev_no - 1} -> v{rev_no}:")
-        print("".join(f"    {ln}\n" for ln in range_diff.splitlines()))
-    for c in checks:
-        print(f"  FAIL {c}")
+    if range_text is not None:
+        print(f"  range-diff v{d.revision - 1} -> v{d.revision}:")
+        print("".join(f"    {ln}\n" for ln in range_text.splitlines()), end="")
+    for c in d.checks:
+        if c.status in ("FAIL", "NOTE"):
+            print(f"  {c.status} {c}")
+    branch = f"vstack/{d.slug}-v{d.revision}"
+    if stack.checkout is not None:
+        tip = signed[-1] if signed else d.tip
+        gitutil.git(stack.checkout, "fetch", "-q", "--no-tags", str(stack.project.repo.resolve()),
+                    f"+{tip}:refs/heads/{branch}")  # fmt: skip
+        print(f"  branch {branch} in {stack.checkout} ({len(d.chain) + 1} commit(s)"
+              + (f", signed off by {signer})" if signer else ", unsigned)"))  # fmt: skip
+    if signer is None:
+        print(f"  unsigned: not sendable yet: scripts/vstack upstream {d.slug} --signoff "
+              f'"Full Name <you@domain>" (or VSTACK_SIGNOFF) makes the copy to send')  # fmt: skip
+        return
+    print(f"  sendable: {sendable} (signed off by {signer})")
     print("  next steps (not run):")
-    if checkout is not None:
-        print(f"    git -C {checkout} push <your-fork> {branch}:{slug}")
+    onto = (f"<the branch of {stack.slug(d.direct[-1])}>" if d.direct
+            else stack.base.upstream_commit.lstrip("g"))  # fmt: skip
+    if stack.checkout is not None:
+        print(f"    git -C {stack.checkout} push <your-fork> {branch}:{d.slug}")
     else:
-        print(f"    git -C <your vLLM clone> checkout -b {slug} {base.upstream_commit.lstrip('g')} && "
-              f"git -C <your vLLM clone> am {out / f'v{rev_no}.mbox'}")  # fmt: skip
-        print(f"    git -C <your vLLM clone> push <your-fork> {slug}")
-    print(f"    gh pr create --repo vllm-project/vllm --base main --head <you>:{slug} "
-          f"--title {json.dumps(title)} --body-file {out / 'body.md'}")  # fmt: skip
-    return 1 if checks else 0
+        print(f"    git -C <your vLLM clone> checkout -b {d.slug} {onto} && "
+              f"git -C <your vLLM clone> am {sendable}")  # fmt: skip
+        print(f"    git -C <your vLLM clone> push <your-fork> {d.slug}")
+    print(f"    gh pr create --repo vllm-project/vllm --base main --head <you>:{d.slug} "
+          f"--title {json.dumps(d.title)} --body-file {out / 'body.md'}")  # fmt: skip
 
 
-def _range_diff(project: Project, out: Path, prev: dict, base: str, tip: str) -> str:
-    repo = project.repo
-    old_tip = gitutil.rev_parse(repo, prev["tip"])
-    if old_tip is None:  # a fresh clone: rebuild the previous revision from its mbox
-        old_tip = build_commits(
-            project, prev["base"], [out / f"v{prev['revision']}.mbox"]
+def upstream_one(stack: Stack, i: int, python: Path | None, run_tests: bool,
+                 signer: Identity | None) -> Draft:  # fmt: skip
+    d, signed = make_draft(stack, i, python, run_tests, signer)
+    d.revision, range_text = record_revision(stack, d)
+    out = write_draft(stack, d, range_text)
+    sendable = _sendable(stack, d, signed, signer) if signer is not None else None
+    _report(stack, d, out, range_text, signer, sendable, signed)
+    root = stack.project.root
+    if gitutil.is_repo(root):
+        dirty = gitutil.out(root, "status", "--porcelain", "--", "patches").strip()
+        if dirty:
+            print("  note: commit patches/ with upstream/: a revision is regenerated from "
+                  "the committed patch files it records")  # fmt: skip
+    return d
+
+
+def write_index(stack: Stack, drafts: list[Draft], notes: list[str]) -> None:
+    lines = [
+        "# PR drafts", "",
+        f"Generated by `scripts/vstack upstream --all` against vLLM {stack.base.version}; one "
+        "folder per PR (title.txt, body.md, the current revision's mbox, the range-diff from "
+        "the previous one, checks.txt, meta.json). Unsigned: `--signoff` makes the copy to send.",
+        "",
+        "| # | draft | rev | non-test lines | depends on | tests on its base | checks |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for k, d in enumerate(drafts, 1):
+        deps = (
+            ", ".join(f"#{drafts.index(x) + 1}" for x in drafts if x.index in d.direct)
+            or "stock"
         )
-    text = gitutil.git(
-        repo, "range-diff", "--no-color", f"{prev['base']}..{old_tip}", f"{base}..{tip}"
-    ).stdout
-    (out / f"range-diff-v{prev['revision']}-v{prev['revision'] + 1}.txt").write_text(
-        text
-    )
-    return text
+        tests = d.test_run.summary if d.test_run is not None else "not run"
+        status = f"{len(d.failed)} failed" if d.failed else "pass"
+        status += "" if d.signed else ", unsigned"
+        notes_d = [c.name for c in d.checks if c.status == "NOTE"]
+        status += f" (note: {', '.join(notes_d)})" if notes_d else ""
+        lines.append(
+            f"| {k} | `{d.slug}` | {d.revision} | {d.non_test} | {deps} | {tests} | {status} |"
+        )
+    lines += ["", *[f"- {n}" for n in notes], ""]
+    (stack.project.root / "upstream" / "index.md").write_text("\n".join(lines))
+
+
+def cmd_upstream(project: Project, patch_name: str | None, git_path: str | None,
+                 base_rev: str | None, *, all_patches: bool = False,
+                 signoff: str | None = None, revision: int | None = None,
+                 run_tests: bool = True, python: str | None = None) -> int:  # fmt: skip
+    signer = identity.signer(signoff, project.root)
+    if revision is not None:
+        if not patch_name:
+            raise VstackError("--revision N needs a patch")
+        return cmd_revision(project, patch_name, revision, signer)
+    if not all_patches and not patch_name:
+        raise VstackError("give a patch (a patches/series entry) or --all")
+    from vstack.check import test_env_python
+
+    py = Path(python) if python else test_env_python(project)
+    stack = load_stack(project, git_path, base_rev)
+    indices = range(len(stack.names)) if all_patches else [stack.index(patch_name)]
+    drafts = [upstream_one(stack, i, py, run_tests, signer) for i in indices]
+    if all_patches:
+        notes = write_rfcs(stack, {d.index: d for d in drafts})
+        keep = {d.slug for d in drafts} | {
+            rfc_slug(doc) for doc in rfc_documents(stack)
+        }
+        for folder in sorted((project.root / "upstream").iterdir()):
+            if folder.is_dir() and folder.name not in keep:
+                shutil.rmtree(folder)
+                notes.append(f"removed upstream/{folder.name}/: no patch of the series "
+                             f"makes it any more (its revisions stay in git history)")  # fmt: skip
+        write_index(stack, drafts, notes)
+        for n in notes:
+            print(f"vstack upstream: {n}")
+    failed = [d for d in drafts if d.failed]
+    if failed:
+        print(f"vstack upstream: checks failed in {', '.join(d.slug for d in failed)}")
+    return 1 if failed else 0
+
+
+def cmd_revision(
+    project: Project, patch_name: str, n: int, signer: Identity | None
+) -> int:
+    names = [p.name[: -len(".patch")] for p in series_paths(project.patches_dir)]
+    slug = patch_name.removesuffix(".patch")
+    if not (project.root / "upstream" / slug / "meta.json").is_file():
+        hits = [s for s in names if slug in s]
+        slug = hits[0] if len(hits) == 1 else slug
+    meta = load_meta(project, slug)
+    rev = next((r for r in meta["revisions"] if r["revision"] == n), None)
+    if rev is None:
+        have = ", ".join(str(r["revision"]) for r in meta["revisions"]) or "none"
+        raise VstackError(f"upstream/{slug} has no revision {n} (revisions: {have})")
+    _, _, mbox = rebuild(project, slug, rev, signer)
+    out = project.cache / OUTGOING / slug
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"v{n}.mbox"
+    path.write_bytes(mbox)
+    how = f"signed off by {signer}" if signer else "as recorded"
+    print(f"vstack upstream: revision {n} of {slug} regenerated: {path} ({how})")
+    return 0

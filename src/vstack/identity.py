@@ -1,0 +1,131 @@
+"""Who signs off a PR: parsing "Name <email>" and refusing bots and placeholders.
+
+The DCO sign-off certifies the Developer Certificate of Origin, which only a person
+can do. The stack's patches are authored by a shared identity and carry no sign-off;
+`vstack upstream --signoff` adds the submitter's when a draft is made ready to send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from vstack.errors import VstackError
+
+ENV = "VSTACK_SIGNOFF"
+_IDENT = re.compile(
+    r"^\s*(?P<name>[^<>@]*[^<>@\s])\s*<(?P<email>[^<>\s@]+@[^<>\s@]+)>\s*$"
+)
+# GitHub's per-user private address (Settings > Emails) is a person's own address.
+_GITHUB_USER_NOREPLY = re.compile(r"^\d+\+[A-Za-z0-9-]+@users\.noreply\.github\.com$")
+_PLACEHOLDER_DOMAINS = ("example.com", "example.org", "example.net", "localhost")
+_PLACEHOLDER_TLDS = (".example", ".invalid", ".localhost", ".local", ".test")
+_NOBODY = ("noreply", "no-reply", "donotreply", "do-not-reply", "nobody", "bot")
+_BOT_NAMES = (
+    "vllm eplb stack",  # the stack's shared commit author
+    "vstack",  # the identity vstack's own git calls commit with
+    "github actions",
+    "github-actions",
+    "dependabot",
+    "renovate",
+)
+_PLACEHOLDER_NAMES = (
+    "name", "your name", "full name", "real name", "first last", "firstname lastname",
+    "john doe", "jane doe", "user", "unknown",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    name: str
+    email: str
+
+    def __str__(self) -> str:
+        return f"{self.name} <{self.email}>"
+
+    def same_as(self, other: Identity) -> bool:
+        """Equal as the DCO check compares a sign-off with the commit author."""
+        return (
+            self.name.casefold() == other.name.casefold()
+            and self.email.casefold() == other.email.casefold()
+        )
+
+
+def parse(text: str) -> Identity | None:
+    m = _IDENT.match(text or "")
+    return Identity(m.group("name").strip(), m.group("email")) if m else None
+
+
+def refusal(ident: Identity) -> str | None:
+    """Why this identity cannot sign off (a bot, a tool, a placeholder), or None."""
+    email = ident.email.lower()
+    local, _, domain = email.partition("@")
+    name = " ".join(ident.name.lower().split())
+    if name in _BOT_NAMES or "[bot]" in name or re.search(r"(^|[\s-])bot$", name):
+        return f"'{ident.name}' is a bot or tool, not a person"
+    if name in _PLACEHOLDER_NAMES:
+        return f"'{ident.name}' is a placeholder name"
+    if not _GITHUB_USER_NOREPLY.match(ident.email) and (
+        any(w in email for w in ("noreply", "no-reply", "donotreply"))
+        or local in _NOBODY
+    ):
+        return f"<{ident.email}> is a no-reply or shared address, not a person's"
+    if domain in _PLACEHOLDER_DOMAINS or domain.endswith(_PLACEHOLDER_TLDS):
+        return f"<{ident.email}> is a placeholder address ({domain})"
+    return None
+
+
+def checked(text: str, source: str) -> Identity:
+    """The identity `text` names, or one error saying why it cannot sign off."""
+    ident = parse(text)
+    if ident is None:
+        raise VstackError(
+            f"{source}: '{text}' is not an identity: give \"Full Name <you@domain>\""
+        )
+    why = refusal(ident)
+    if why:
+        raise VstackError(
+            f"{source}: refusing to sign off as {ident}: {why} (the DCO sign-off "
+            f"is a person's own: give yours)"
+        )
+    return ident
+
+
+def from_git_config(cwd: Path) -> str:
+    """user.name and user.email, read explicitly from the user's git configuration
+    (the only two keys read from it; every other git call runs without it)."""
+    from vstack.gitutil import git_env
+
+    values = []
+    for key in ("user.name", "user.email"):
+        p = subprocess.run(
+            ["git", "config", "--get", key], cwd=cwd, capture_output=True,
+            encoding="utf-8", errors="replace", env=git_env(user_config=True),
+        )  # fmt: skip
+        value = p.stdout.strip()
+        if p.returncode != 0 or not value:
+            raise VstackError(
+                f'--signoff: git config has no {key}: give --signoff "Full Name '
+                f'<you@domain>" or set {ENV}'
+            )
+        values.append(value)
+    return f"{values[0]} <{values[1]}>"
+
+
+def signer(option: str | None, root: Path) -> Identity | None:
+    """Who signs off: `--signoff "Name <email>"`; a bare `--signoff` takes
+    VSTACK_SIGNOFF, else the user's git user.name / user.email; without the
+    option, VSTACK_SIGNOFF when set; else nobody (unsigned drafts)."""
+    env = os.environ.get(ENV, "").strip()
+    if option:
+        return checked(option, "--signoff")
+    if option == "":
+        if env:
+            return checked(env, ENV)
+        return checked(from_git_config(root), "--signoff (from git config)")
+    if env:
+        return checked(env, ENV)
+    return None
