@@ -1203,11 +1203,11 @@ def _worker_api(mods) -> SimpleNamespace:
     eplb_state = mods[EPLB_STATE]
     worker = sys.modules[ASYNC_WORKER]
 
-    def transfer(state, model_state, stream, plan, layer_idx):
+    def transfer(state, model_state, stream, plan, layer_idx, slot):
         # plan: the tuple _plan_cycle returns (old maps, new maps, migration
         # batches, padded new l2p maps, new replica counts), all on the host.
         return worker._transfer_one_layer(
-            state, model_state, stream, False, plan, layer_idx
+            state, model_state, stream, False, plan, layer_idx, slot
         )
 
     def host_only_wait(slot, stream):
@@ -1326,14 +1326,18 @@ def _delayed_apply_run(api, torch, specs, layers, num_slots, delay, control):
             try:
                 if cuda:
                     torch.cuda.set_device(0)
+                slots = ms.staging_slots
                 for layer in range(layers):
-                    # As _transfer_model: the transfer lands in expert_buffer,
-                    # the first slot, once the main thread copied out of it.
-                    api.wait_consumed(ms.staging_slots[0], stream)
+                    # As _transfer_model: one slot is expert_buffer itself;
+                    # with more, layer L is staged in slot 1 + L mod (S - 1),
+                    # reused once the main thread copied out of it.
+                    slot = slots[0] if len(slots) == 1 else (
+                        slots[1 + layer % (len(slots) - 1)])  # fmt: skip
+                    api.wait_consumed(slot, stream)
                     if cuda and layer % 2 and not control:
                         with torch.cuda.stream(stream):
                             torch.cuda._sleep(delay)
-                    published.put(api.transfer(state, ms, stream, plan, layer))
+                    published.put(api.transfer(state, ms, stream, plan, layer, slot))
             except BaseException as e:  # the main thread raises it
                 published.put(e)
 
