@@ -180,7 +180,8 @@ def status_porcelain(repo: Path | str) -> str:
 
 
 def op_in_progress(repo: Path) -> str | None:
-    """Name of a git am/rebase/merge/cherry-pick left unfinished in repo, if any."""
+    """Name of a git am/rebase/merge/cherry-pick/revert/bisect left unfinished in
+    repo, if any (op_abort says how to drop it)."""
     dotgit = Path(repo) / ".git"
     # A repository's own .git folder needs no git call; a worktree's .git is a file.
     gitdir = (
@@ -193,10 +194,24 @@ def op_in_progress(repo: Path) -> str | None:
         ("rebase-merge", "git rebase"),
         ("MERGE_HEAD", "git merge"),
         ("CHERRY_PICK_HEAD", "git cherry-pick"),
+        ("REVERT_HEAD", "git revert"),
+        ("BISECT_LOG", "git bisect"),
     ):
         if (gitdir / marker).exists():
             return name
     return None
+
+
+def op_abort(op: str) -> str:
+    """The git command that drops an operation op_in_progress named."""
+    return {
+        "git am / rebase": "am --abort",
+        "git rebase": "rebase --abort",
+        "git merge": "merge --abort",
+        "git cherry-pick": "cherry-pick --abort",
+        "git revert": "revert --abort",
+        "git bisect": "bisect reset",
+    }.get(op, "am --abort")
 
 
 def read_blobs(repo: Path | str, rev: str, paths: list[str]) -> dict[str, bytes]:
