@@ -5,7 +5,9 @@ vstack's record of the last sync), all or nothing: a redo journal.
   2. the intent (.vstack/journal/intent.json: each path with the sha256 it had and
      the one it gets) is written atomically. From this instant the change is
      decided: a run killed later is finished by the next vstack command;
-  3. each file is replaced atomically (vstack.fsutil) or removed;
+  3. each file is replaced atomically (vstack.fsutil) or removed, vstack's own
+     records (.vstack/: the sync record) last, so that a run stopped on the way
+     never has a record saying patches/ holds what it does not hold yet;
   4. the intent is removed, then the staged content.
 
 recover() runs before every vstack command that writes (under the project lock):
@@ -42,7 +44,7 @@ def commit(
     """Make each root-relative path in changes hold its bytes (None: absent).
     Returns the paths that changed. Paths already as wanted are left alone."""
     todo = {}
-    for rel, data in sorted(changes.items()):
+    for rel, data in sorted(changes.items(), key=_order):
         have = _current(root / rel)
         want = None if data is None else sha256(data)
         if have != want:
@@ -64,8 +66,13 @@ def commit(
     return list(todo)
 
 
+def _order(item: tuple[str, object]) -> tuple[bool, str]:
+    """Project files first, vstack's records (.vstack/...) after them."""
+    return item[0].startswith(".vstack/"), item[0]
+
+
 def _carry_out(root: Path, folder: Path, intent: dict) -> None:
-    for rel, f in intent["files"].items():
+    for rel, f in sorted(intent["files"].items(), key=_order):
         path = root / rel
         if _current(path) == f["new"]:
             continue
@@ -80,6 +87,9 @@ def _carry_out(root: Path, folder: Path, intent: dict) -> None:
 def recover(root: Path, cache: Path, say=None) -> list[str]:
     """Finish a change a killed run had decided (see the module's doc); returns the
     paths it wrote."""
+    # What a run killed inside an atomic write left (.NAME.PID.tmp beside it).
+    for where in (root / "patches", root, cache, cache / "rebase", cache / "reports"):
+        fsutil.sweep_tmp(where)
     folder = cache / FOLDER
     if not folder.is_dir():
         return []
