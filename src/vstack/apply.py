@@ -60,12 +60,15 @@ def _names(paths: list[str], n: int = 3) -> str:
     return ", ".join(paths[:n]) + (" ..." if len(paths) > n else "")
 
 
+AM_OP = "git am / rebase"  # what op_in_progress calls a stopped `git am`
+
+
 def ensure_clean(repo: Path) -> None:
     op = gitutil.op_in_progress(repo)
     if op:
         raise VstackError(
-            f"an unfinished {op} is in {repo}: finish it (git -C {repo} am --continue) "
-            f"or drop it (git -C {repo} am --abort) first"
+            f"an unfinished {op} is in {repo}: finish it, or drop it "
+            f"(git -C {repo} {gitutil.op_abort(op)}) first"
         )
     dirty = dirty_files(repo)
     if dirty:
@@ -74,6 +77,112 @@ def ensure_clean(repo: Path) -> None:
             f"`vstack export`, or discard them (untracked files too) with "
             f"`git -C {repo} reset -q --hard && git -C {repo} clean -q -fd`"
         )
+
+
+def require_on_work(repo: Path, verb: str, strict: bool = False) -> None:
+    """vstack reads and rebuilds branch 'work' only: refuse when HEAD of the stack
+    repository is elsewhere (detached, another branch) with commits that branch
+    lacks, which export would leave out and apply would orphan. strict (--continue,
+    which takes HEAD as the resolution): HEAD must be the branch itself."""
+    work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
+    if work is None:
+        return  # nothing applied yet: apply makes the branch
+    ref = gitutil.git(repo, "symbolic-ref", "-q", "HEAD", check=False).stdout.strip()
+    head = gitutil.rev_parse(repo, "HEAD")
+    if ref == f"refs/heads/{WORK_BRANCH}" or head is None:
+        return
+    if not strict and descends(repo, head, work):
+        return  # a commit the branch has: nothing of HEAD's is left out
+    where = f"branch '{ref.removeprefix('refs/heads/')}'" if ref else "a detached HEAD"
+    own = gitutil.out(repo, "rev-list", f"{work}..{head}").split()
+    keep = (
+        f" ({len(own)} commit(s) that '{WORK_BRANCH}' lacks): to keep them, "
+        f"`git -C {repo} checkout {WORK_BRANCH} && git -C {repo} cherry-pick "
+        f"{work[:12]}..{head[:12]}`, then rerun"
+        if own
+        else f": `git -C {repo} checkout {WORK_BRANCH}`, then rerun"
+    )
+    raise VstackError(
+        f"HEAD of {repo} is {where} at {head[:12]}, not branch '{WORK_BRANCH}', the "
+        f"one `vstack {verb}` works on{keep}"
+    )
+
+
+def _patch_ids(repo: Path, text: bytes) -> list[tuple[str, str]]:
+    """(patch id, commit) for each patch in text, as `git patch-id --stable` says."""
+    said = gitutil.git(repo, "patch-id", "--stable", input=text, text=False).stdout
+    return [tuple(ln.split()[:2]) for ln in said.decode().splitlines() if ln.strip()]
+
+
+def commits_not_in(repo: Path, start: str, tip: str, patches: list[Path]) -> list[str]:
+    """Commits in start..tip (oldest first) whose change is none of the patches' (by
+    git patch-id): what rebuilding the branch from patches/ would drop. Derived
+    from git, whatever vstack's own records say."""
+    from vstack.export import FORMAT_PATCH
+
+    listed = gitutil.out(repo, "rev-list", "--reverse", f"{start}..{tip}").split()
+    if not listed:
+        return []
+    texts = b"".join(p.read_bytes() + b"\n" for p in patches if p.is_file())
+    series = {pid for pid, _ in _patch_ids(repo, texts)} if texts else set()
+    fmt = [a for a in FORMAT_PATCH if a != "--zero-commit"]
+    text = gitutil.git(repo, *fmt, f"{start}..{tip}", text=False).stdout
+    ids = {sha: pid for pid, sha in _patch_ids(repo, text)}
+    return [c for c in listed if ids.get(c) not in series]
+
+
+def describe_commits(repo: Path, shas: list[str], n: int = 3) -> str:
+    said = [
+        f"{c[:12]} '{gitutil.out(repo, 'log', '-1', '--format=%s', c)}'" for c in shas[:n]
+    ]
+    return ", ".join(said) + (f" and {len(shas) - n} more" if len(shas) > n else "")
+
+
+def local_commits(project: Project, base: str, tip: str) -> tuple[str, list[str]]:
+    """(start, commits): the commits on the work branch since it last agreed with
+    patches/ (start..tip), or, when that point is not below tip (history
+    rewritten, a record lost), those of base..tip whose change no patch has."""
+    repo = project.repo
+    record = synced.load(project)
+    start = record["work"] if record else None
+    if start and descends(repo, base, start) and descends(repo, start, tip):
+        return start, gitutil.out(repo, "rev-list", "--reverse", f"{start}..{tip}").split()
+    if not descends(repo, base, tip):
+        return base, []
+    return base, commits_not_in(repo, base, tip, series_paths(project.patches_dir))
+
+
+def diverged(project: Project, base: str, tip: str, moved: list[str]) -> str | None:
+    """When the work branch has commits of its own AND patches/ changed since they
+    last agreed (a pull): what keeps both, instead of apply and export each
+    sending the user to the other."""
+    start, mine = local_commits(project, base, tip)
+    if not moved or not mine:
+        return None
+    repo = project.repo
+    pick = (
+        f"{start[:12]}..{tip[:12]}"
+        if start != base
+        else " ".join(c[:12] for c in mine)
+    )
+    return (
+        f"branch '{WORK_BRANCH}' in {repo} has commits of yours that patches/ lacks "
+        f"({describe_commits(repo, mine)}), and patches/ changed since the last "
+        f"apply/export ({', '.join('patches/' + n for n in moved[:3])}"
+        f"{' ...' if len(moved) > 3 else ''}): to keep both, `vstack apply --force` "
+        f"(rebuilds the branch from patches/, keeping the old tip as a backup ref), "
+        f"then `git -C {repo} cherry-pick {pick}` and `vstack export`"
+    )
+
+
+def am_failure(p) -> str:
+    """git's own reason from a failed `git am --continue` (not its advice lines)."""
+    said = [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    for ln in said:
+        if ln.startswith(("No changes", "error:", "fatal:")):
+            return ln
+    said = [ln for ln in said if not ln.startswith("Applying:")]
+    return said[0] if said else f"exit {p.returncode}"
 
 
 def _check(
@@ -210,9 +319,7 @@ def apply_one(repo: Path, patch: Path) -> PatchResult:
             patch.name, "3way", info.files,
             [f"{f}:{ln} needed a 3-way merge" for f, ln in fails], after,
         )  # fmt: skip
-    conflicted = gitutil.out(
-        repo, "diff", "--name-only", "--diff-filter=U"
-    ).splitlines()
+    conflicted = unmerged_files(repo)
     said = (p.stdout + p.stderr).splitlines()
     fatal = [ln for ln in said if ln.startswith("fatal:")]
     refused = [ln for ln in said if _REFUSALS.search(ln)]
@@ -397,8 +504,23 @@ def unexported_work(project: Project, base: Base, j: dict | None = None) -> str 
         return None
     if j is not None:
         if j["state"] == "running" and not j.get("resume"):
-            if tip != j.get("old_tip"):
-                return None  # an interrupted apply's own commits
+            if tip != j.get("old_tip") and descends(repo, base.commit, tip):
+                # An interrupted apply's commits are the series' own; which they
+                # are is read from git (the journal may be damaged, or older than
+                # a commit the user made since).
+                mine = commits_not_in(
+                    repo, base.commit, tip, series_paths(project.patches_dir)
+                )
+                if not mine:
+                    return None
+                return (
+                    f"branch '{WORK_BRANCH}' in {repo} has commits that are not in "
+                    f"patches/ ({describe_commits(repo, mine)}), made after an "
+                    f"interrupted `vstack apply` (the branch lacks the rest of the "
+                    f"series: export refuses). To keep them: `vstack apply --force` "
+                    f"(it keeps the old tip as a backup ref), then `git -C {repo} "
+                    f"cherry-pick {' '.join(c[:12] for c in mine)}` and `vstack export`"
+                )
         elif j["state"] == "stopped" and tip == j.get("before"):
             return None  # the patches before the stop: vstack's own
         else:
@@ -419,9 +541,19 @@ def unexported_work(project: Project, base: Base, j: dict | None = None) -> str 
 
     changed = unexported_changes(project, base)
     if changed:
+        moved = synced.changed_since(project, record) if record else []
+        both = diverged(project, base.commit, tip, moved)
+        if both:
+            return both
+        _, mine = local_commits(project, base.commit, tip)
+        what = (
+            describe_commits(repo, mine)
+            if mine
+            else f"exporting it changes {', '.join('patches/' + n for n in changed[:3])}"
+        )
         return (
             f"branch '{WORK_BRANCH}' in {repo} has commits that patches/ does not have "
-            f"({', '.join(changed[:3])}): run `vstack export` first"
+            f"({what}): run `vstack export` first"
         )
     return None
 
@@ -441,9 +573,10 @@ def cmd_apply(project: Project, force: bool = False, cont: bool = False) -> int:
     repo = project.repo
     refuse_during_rebase(project, "apply")
     j = load_journal(project)
-    if j and j["state"] == "running" and gitutil.op_in_progress(repo):
+    if j and j["state"] == "running" and gitutil.op_in_progress(repo) == AM_OP:
         gitutil.git(repo, "am", "--abort", check=False)  # the interrupted apply's
     ensure_clean(repo)
+    require_on_work(repo, "apply")
     tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
     if not force:
         why = unexported_work(project, base, j)
@@ -458,7 +591,14 @@ def cmd_apply(project: Project, force: bool = False, cont: bool = False) -> int:
         "base": base.commit, "old_tip": tip,
     })  # fmt: skip
     record = synced.load(project)
-    if force and tip and tip != base.commit and tip != (record or {}).get("work"):
+    if tip and tip != base.commit and (
+        (force and tip != (record or {}).get("work"))
+        or (
+            descends(repo, base.commit, tip)
+            and commits_not_in(repo, base.commit, tip, patches)
+        )
+    ):
+        # Whatever the branch holds that patches/ lacks survives the rebuild.
         print(f"vstack: old work branch kept as {backup_branch(repo)}")
     start_work_branch(repo, base)
     return _apply_and_report(project, base, patches)
@@ -525,15 +665,30 @@ def conflict_markers(repo: Path, files: list[str]) -> list[str]:
     return found
 
 
+def unmerged_files(repo: Path) -> list[str]:
+    """Paths left unmerged, as they are named (-z: not C-quoted, so a non-ASCII
+    name is found by the marker check and `git add`)."""
+    text = gitutil.out(repo, "diff", "--name-only", "--diff-filter=U", "-z")
+    return [f for f in text.split("\0") if f]
+
+
 def stray_changes(repo: Path, allowed: set[str]) -> list[str]:
     """Changes in repo's work tree that a --continue must not commit: unstaged or
     untracked ones outside `allowed` (the stopped patch's files and those left
     unmerged). What the user staged is part of the resolution."""
-    text = gitutil.status_porcelain(repo)
+    fields = gitutil.git(
+        repo, "status", "--porcelain", "--untracked-files=all", "-z"
+    ).stdout.split("\0")
     found = []
-    for ln in text.splitlines():
+    i = 0
+    while i < len(fields):
+        ln = fields[i]
+        i += 1
+        if len(ln) < 4:
+            continue
         x, y, path = ln[0], ln[1], ln[3:]
-        path = path.split(" -> ")[-1]
+        if x in "RC":
+            i += 1  # the original path of a rename or copy
         if path in allowed or x == "U" or y == "U":
             continue
         if ln.startswith("??") or y != " ":
@@ -548,6 +703,10 @@ def cmd_apply_continue(project: Project) -> int:
     if j is None or not (j["state"] == "stopped" or j.get("resume")):
         raise VstackError("no stopped `vstack apply` to continue")
     refuse_during_rebase(project, "apply --continue")
+    op = gitutil.op_in_progress(project.repo)
+    if op not in (None, AM_OP):
+        ensure_clean(project.repo)  # names it and how to drop it
+    require_on_work(project.repo, "apply --continue", strict=True)
     patches = series_paths(project.patches_dir)
     names = [p.name for p in patches]
     if names != j.get("series"):
@@ -568,7 +727,7 @@ def cmd_apply_continue(project: Project) -> int:
         })  # fmt: skip
     else:
         k, resume = j["next"], j["resume"]
-        if gitutil.op_in_progress(repo):
+        if gitutil.op_in_progress(repo) == AM_OP:
             gitutil.git(repo, "am", "--abort", check=False)  # the interrupted run's
         head = gitutil.rev_parse(repo, "HEAD")
         if head != resume:
@@ -597,9 +756,7 @@ def _commit_resolution(project: Project, j: dict, patches: list[Path]) -> None:
     names = j["series"]
     _, info = load_patch(patches[k - 1])
     if gitutil.op_in_progress(repo):
-        unmerged = gitutil.out(
-            repo, "diff", "--name-only", "--diff-filter=U"
-        ).splitlines()
+        unmerged = unmerged_files(repo)
         left = conflict_markers(repo, unmerged)
         if left:
             raise VstackError(
@@ -620,8 +777,9 @@ def _commit_resolution(project: Project, j: dict, patches: list[Path]) -> None:
             repo, "am", "--continue", check=False, env=am_continue_env(repo)
         )
         if p.returncode != 0:
-            said = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
-            raise VstackError(f"git am --continue failed in {repo}: {said[-1:]}")
+            raise VstackError(
+                f"git am --continue failed in {repo}: {am_failure(p)}"
+            )
     if gitutil.rev_parse(repo, "HEAD") == j.get("before"):
         raise VstackError(
             f"{names[k - 1]} is not on branch '{WORK_BRANCH}' (the `git am` was aborted "

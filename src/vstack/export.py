@@ -201,9 +201,13 @@ def require_exportable(project: Project, base: Base, work: str, force: bool) -> 
     base; and patches/ as the last apply/export left it (else export would revert
     whatever changed it: a pull, a hand edit)."""
     from vstack.apply import (
+        describe_commits,
         descends,
+        diverged,
         foreign_base_note,
+        local_commits,
         refuse_during_rebase,
+        require_on_work,
         require_whole_series,
     )
 
@@ -212,11 +216,33 @@ def require_exportable(project: Project, base: Base, work: str, force: bool) -> 
     op = gitutil.op_in_progress(repo)
     if op:
         raise VstackError(
-            f"an unfinished {op} is in {repo}: finish it (or abort it) first; the work "
-            f"branch does not hold the series until then"
+            f"an unfinished {op} is in {repo}: finish it (or drop it: git -C {repo} "
+            f"{gitutil.op_abort(op)}) first; the work branch does not hold the series "
+            f"until then"
         )
+    require_on_work(repo, "export")
     require_whole_series(project)
+    record = synced.load(project)
     if not descends(repo, base.commit, work):
+        moved = synced.changed_since(project, record) if record else []
+        if moved:
+            # Re-pinned and patches/ changed (a colleague's rebase, pulled): the
+            # old pin's export would be refused in turn; this keeps both.
+            start, mine = local_commits(project, record["base"], work)
+            pick = (
+                f"{start[:12]}..{work[:12]}"
+                if start != record["base"]
+                else " ".join(c[:12] for c in mine) or "<your commits>"
+            )
+            raise VstackError(
+                f"{foreign_base_note(project, base, work)}, and patches/ changed "
+                f"with it ({', '.join('patches/' + n for n in moved[:3])}): to keep "
+                f"your commits on it"
+                + (f" ({describe_commits(repo, mine)})" if mine else "")
+                + f", `vstack apply --force` (rebuilds the branch on the new pin, "
+                f"keeping the old tip as a backup ref), then `git -C {repo} "
+                f"cherry-pick {pick}` and `vstack export`"
+            )
         raise VstackError(
             f"{foreign_base_note(project, base, work)}: exporting it would write "
             f"vLLM's own changes between the two bases as patches. Export it on the "
@@ -226,7 +252,6 @@ def require_exportable(project: Project, base: Base, work: str, force: bool) -> 
         )
     if force:
         return
-    record = synced.load(project)
     if record is None:
         raise VstackError(
             f"no record of what patches/ held when branch '{WORK_BRANCH}' was last "
@@ -235,6 +260,9 @@ def require_exportable(project: Project, base: Base, work: str, force: bool) -> 
             f"branch over patches/"
         )
     changed = synced.changed_since(project, record)
+    both = diverged(project, base.commit, work, changed) if changed else None
+    if both:
+        raise VstackError(both)
     if changed:
         raise VstackError(
             f"patches/ changed since the last apply/export "
