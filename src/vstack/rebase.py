@@ -23,8 +23,10 @@ from pathlib import Path
 
 from vstack import fsutil, gitutil, records, synced
 from vstack.apply import (
+    AM_OP,
     PatchResult,
     am_continue_env,
+    am_failure,
     apply_one,
     backup_branch,
     clear_journal,
@@ -32,6 +34,7 @@ from vstack.apply import (
     ensure_clean,
     load_journal,
     repo_state,
+    require_on_work,
     require_whole_series,
     stray_changes,
     unexported_work,
@@ -61,7 +64,7 @@ from vstack.nightly import (
     is_per_commit_target,
     nearest_record,
 )
-from vstack.series import load_patch, series_paths
+from vstack.series import load_patch, read_series, series_paths
 from vstack.submodule import after_pin_moved, current_gitlink, write_gitlink
 
 MARKER = re.compile(r"^(<{7}|={7}|>{7}|\|{7})( |$)")
@@ -243,6 +246,13 @@ def short_table(report: dict) -> str:
 # ---------------------------------------------------------------- state
 
 
+# What every step reads from the state: without one, it is damaged.
+REQUIRED = {
+    "old_pin", "new_pin", "old_base", "new_base", "old_work", "patches", "results",
+    "next",
+}  # fmt: skip
+
+
 @dataclasses.dataclass
 class State:
     path: Path
@@ -254,13 +264,22 @@ class State:
         if not p.is_file():
             return None
         try:
-            return cls(p, json.loads(p.read_text()))
+            data = json.loads(p.read_text())
         except ValueError:
+            data = None
+        if not isinstance(data, dict) or REQUIRED - set(data):
+            what = (
+                f"lacks {', '.join(sorted(REQUIRED - set(data))[:3])}"
+                if isinstance(data, dict)
+                else "is not a JSON object"
+            )
             raise VstackError(
-                f"{p} is not JSON (damaged?): the rebase it records cannot be resumed "
-                f"or aborted by vstack; check patches/ and stack.toml with git status, "
-                f"then remove {p.parent}"
-            ) from None
+                f"{p} is damaged ({what}): the rebase it "
+                f"records cannot be resumed or aborted by vstack; check patches/ and "
+                f"stack.toml with git status, then remove {p.parent}"
+            )
+        data.setdefault("timings", {})
+        return cls(p, data)
 
     def save(self) -> None:
         fsutil.write_text(self.path, json.dumps(self.data, indent=1))
@@ -907,6 +926,7 @@ def cmd_rebase(
     repo = project.repo
     require_whole_series(project)
     ensure_clean(repo)
+    require_on_work(repo, "rebase")
     why = unexported_work(project, old_base, load_journal(project))
     if why:
         raise VstackError(
@@ -972,17 +992,57 @@ def _stopped(d: dict) -> dict | None:
     return None
 
 
+def patches_moved(project: Project, d: dict) -> list[str]:
+    """The series' files in patches/ that changed since the rebase began (a patch
+    edited, added and listed, ...), but for what the rebase's own finish wrote:
+    the finish would overwrite them with the rebased series."""
+    saved = project.cache / "rebase" / "saved" / "patches"
+    if not saved.is_dir():
+        return []
+    old = {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()}
+    cur = current_files(project.patches_dir)
+    try:
+        listed = set(read_series(project.patches_dir))
+    except VstackError:
+        listed = set()
+    ours = set(d["patches"]) | listed | {"series"}
+    wrote = (d.get("finishing") or {}).get("patches", {})
+    return [
+        n for n in diff_files(old, cur)
+        if n in ours
+        and not (n in wrote and wrote[n] == (records.patch_sha256(cur[n]) if n in cur else None))
+    ]  # fmt: skip
+
+
+def _refuse_moved(project: Project, d: dict, verb: str) -> None:
+    moved = patches_moved(project, d)
+    if moved:
+        raise VstackError(
+            f"patches/ changed since the rebase began "
+            f"({', '.join('patches/' + n for n in moved[:3])}"
+            f"{' ...' if len(moved) > 3 else ''}): `vstack rebase {verb}` would "
+            f"overwrite that with the rebased series. Put the change aside (git stash, "
+            f"or copy the files out; the rebase's copy of patches/ is in "
+            f"{project.cache / 'rebase' / 'saved'}) and make it again after the rebase, "
+            f"or `vstack rebase --abort`"
+        )
+
+
 def cmd_continue(project: Project) -> int:
     state = _require_state(project)
     repo = project.repo
     d = state.data
+    _refuse_moved(project, d, "--continue")
     last = _stopped(d)
     if last and last["status"] == "stale-record":
         d["results"].pop()  # checked again: removed or refreshed by now, or stops again
         return _run_patches(project, state)
     if not last or last["status"] != "conflict":
         return _run_patches(project, state)  # a killed run: _resync puts HEAD back
-    in_am = gitutil.op_in_progress(repo) is not None
+    op = gitutil.op_in_progress(repo)
+    if op not in (None, AM_OP):
+        ensure_clean(repo)  # names it and how to drop it
+    in_am = op is not None
     head = gitutil.rev_parse(repo, "HEAD")
     if not in_am and head == last.get("head"):
         # Nothing was committed for the stopped patch and no merge waits: the stop
@@ -1025,9 +1085,15 @@ def cmd_continue(project: Project) -> int:
             repo, "am", "--continue", check=False, env=am_continue_env(repo)
         )
         if p.returncode != 0:
-            raise VstackError(
-                f"git am --continue failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}"
+            why = am_failure(p)
+            hint = (
+                f": the resolution leaves no change of {last['patch']} on the new "
+                f"base; `vstack rebase --skip --reason TEXT` when the new base "
+                f"supersedes it, else resolve it again and --continue"
+                if why.startswith("No changes")
+                else ""
             )
+            raise VstackError(f"git am --continue failed in {repo}: {why}{hint}")
     last["status"] = "conflict-resolved"
     last["commit"] = gitutil.rev_parse(repo, "HEAD")
     d["next"] += 1
@@ -1053,6 +1119,7 @@ def cmd_skip(project: Project, reason: str | None) -> int:
     state = _require_state(project)
     repo = project.repo
     d = state.data
+    _refuse_moved(project, d, "--skip")
     last = _stopped(d)
     if not last or last["status"] != "conflict":
         raise VstackError("--skip: no patch is stopped on a conflict")
@@ -1122,7 +1189,7 @@ def cmd_abort(project: Project) -> int:
     else:
         gitutil.git(repo, "checkout", "-q", "-f", "--detach", d["old_base"])
         gitutil.git(repo, "branch", "-q", "-D", WORK_BRANCH, check=False)
-    head = d["old_head"]
+    head = d.get("old_head") or ""
     if head.startswith("refs/heads/") and head != f"refs/heads/{WORK_BRANCH}":
         gitutil.git(
             repo, "checkout", "-q", "-f", head[len("refs/heads/") :], check=False
@@ -1132,7 +1199,19 @@ def cmd_abort(project: Project) -> int:
         fsutil.write_text(project.cache / synced.FILE, old_record)
     elif "old_synced_record" in d:
         synced.clear(project)
-    gitutil.git(repo, "clean", "-q", "-fd", check=False)
+    # Untracked files are not the rebase's (a `git am` it stopped was aborted
+    # above): the user's, left as they are.
+    kept = [
+        f for f in gitutil.out(
+            repo, "ls-files", "--others", "--exclude-standard", "-z"
+        ).split("\0") if f
+    ]  # fmt: skip
+    if kept:
+        print(
+            f"vstack: note: untracked files in {repo} left as they are: "
+            f"{', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}",
+            file=sys.stderr,
+        )
     # The rebase started with patches/ and stack.toml committed (it refuses
     # otherwise): whatever git sees changed now is a difference, whoever made it.
     differs += [f for f in _project_files_dirty(project) if f not in differs]
