@@ -1,5 +1,5 @@
-"""Review 21b: a hostile user's ways to lose work through the work branch, the
-journal and a stopped rebase, each with the refusal (or backup) that replaces it."""
+"""Ways a hostile user lost work through the work branch, the journal and a
+stopped rebase, each with the refusal (or backup) that replaces it."""
 
 from __future__ import annotations
 
