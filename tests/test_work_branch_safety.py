@@ -3,7 +3,6 @@ stopped rebase, each with the refusal (or backup) that replaces it."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -48,7 +47,9 @@ def _mine(stack, path="vllm/c.py", msg="[EPLB] Mine") -> str:
 
 
 def _refs_with(stack, sha) -> list[str]:
-    return git(stack.repo, "for-each-ref", "--contains", sha, "--format=%(refname)").split()
+    return git(
+        stack.repo, "for-each-ref", "--contains", sha, "--format=%(refname)"
+    ).split()
 
 
 def _interrupt_apply_at(monkeypatch, n):
@@ -68,7 +69,9 @@ def _interrupt_apply_at(monkeypatch, n):
 # ---------------------------------------------------------------- 1, 9
 
 
-def test_1_apply_after_an_interrupted_apply_keeps_a_new_commit(three, monkeypatch, capsys):
+def test_1_apply_after_an_interrupted_apply_keeps_a_new_commit(
+    three, monkeypatch, capsys
+):
     """apply --force Ctrl-C'd after patch 1, the user commits on work: a plain apply
     refused (it used to rebuild the branch: the commit only in the reflog), and
     --force keeps it under a backup ref."""
@@ -91,7 +94,9 @@ def test_1_an_interrupted_apply_is_still_finished_by_a_rerun(three, monkeypatch)
     assert three.run("apply", "--force") == 130
     undo()
     assert three.run("apply") == 0
-    assert git(three.repo, "log", "--format=%s", "base/1.0.0..work").count("[EPLB]") == 3
+    assert (
+        git(three.repo, "log", "--format=%s", "base/1.0.0..work").count("[EPLB]") == 3
+    )
 
 
 @pytest.mark.parametrize("content", ["", "{}", "[1]", '{"state": "running"}'])
@@ -120,7 +125,9 @@ def test_3_apply_continue_and_export_refuse_head_on_another_branch(three, capsys
     capsys.readouterr()
     assert three.run("apply", "--continue") == 1
     line = _error(capsys)
-    assert "branch 'fix-b'" in line and "checkout work" in line and "cherry-pick" in line
+    assert (
+        "branch 'fix-b'" in line and "checkout work" in line and "cherry-pick" in line
+    )
     assert three.run("export", "--force") == 1
     assert "branch 'fix-b'" in _error(capsys)
     assert three.snapshot() == before  # no patch deleted
@@ -131,7 +138,12 @@ def test_5_a_commit_on_a_detached_head_is_neither_skipped_nor_orphaned(three, ca
     c = _mine(three, "vllm/a.py")
     before = three.snapshot()
     capsys.readouterr()
-    for verb in (["export"], ["apply"], ["apply", "--force"], ["rebase", "--onto", "9.9.9"]):
+    for verb in (
+        ["export"],
+        ["apply"],
+        ["apply", "--force"],
+        ["rebase", "--onto", "9.9.9"],
+    ):
         assert three.run(*verb) == 1
         line = _error(capsys)
         assert "detached HEAD" in line and c[:12] in line, verb
@@ -237,7 +249,9 @@ def test_tmp_litter_of_a_killed_write_is_swept(three):
 def test_19_a_pull_and_a_local_commit_get_advice_that_keeps_both(three, capsys):
     c = _mine(three, msg=MSG.format(x="mine").replace("Edit mine", "Mine"))
     p = three.root / "patches/eplb-edit-a.patch"
-    p.write_text(p.read_text().replace("Our change to a.", "Our change to a, says a colleague."))
+    p.write_text(
+        p.read_text().replace("Our change to a.", "Our change to a, says a colleague.")
+    )
     capsys.readouterr()
     assert three.run("apply") == 1
     a = _error(capsys)

@@ -133,7 +133,8 @@ def commits_not_in(repo: Path, start: str, tip: str, patches: list[Path]) -> lis
 
 def describe_commits(repo: Path, shas: list[str], n: int = 3) -> str:
     said = [
-        f"{c[:12]} '{gitutil.out(repo, 'log', '-1', '--format=%s', c)}'" for c in shas[:n]
+        f"{c[:12]} '{gitutil.out(repo, 'log', '-1', '--format=%s', c)}'"
+        for c in shas[:n]
     ]
     return ", ".join(said) + (f" and {len(shas) - n} more" if len(shas) > n else "")
 
@@ -146,7 +147,9 @@ def local_commits(project: Project, base: str, tip: str) -> tuple[str, list[str]
     record = synced.load(project)
     start = record["work"] if record else None
     if start and descends(repo, base, start) and descends(repo, start, tip):
-        return start, gitutil.out(repo, "rev-list", "--reverse", f"{start}..{tip}").split()
+        return start, gitutil.out(
+            repo, "rev-list", "--reverse", f"{start}..{tip}"
+        ).split()
     if not descends(repo, base, tip):
         return base, []
     return base, commits_not_in(repo, base, tip, series_paths(project.patches_dir))
@@ -161,9 +164,7 @@ def diverged(project: Project, base: str, tip: str, moved: list[str]) -> str | N
         return None
     repo = project.repo
     pick = (
-        f"{start[:12]}..{tip[:12]}"
-        if start != base
-        else " ".join(c[:12] for c in mine)
+        f"{start[:12]}..{tip[:12]}" if start != base else " ".join(c[:12] for c in mine)
     )
     return (
         f"branch '{WORK_BRANCH}' in {repo} has commits of yours that patches/ lacks "
@@ -599,11 +600,15 @@ def cmd_apply(project: Project, force: bool = False, cont: bool = False) -> int:
         "base": base.commit, "old_tip": tip,
     })  # fmt: skip
     record = synced.load(project)
-    if tip and tip != base.commit and (
-        (force and tip != (record or {}).get("work"))
-        or (
-            descends(repo, base.commit, tip)
-            and commits_not_in(repo, base.commit, tip, patches)
+    if (
+        tip
+        and tip != base.commit
+        and (
+            (force and tip != (record or {}).get("work"))
+            or (
+                descends(repo, base.commit, tip)
+                and commits_not_in(repo, base.commit, tip, patches)
+            )
         )
     ):
         # Whatever the branch holds that patches/ lacks survives the rebuild.
@@ -785,9 +790,7 @@ def _commit_resolution(project: Project, j: dict, patches: list[Path]) -> None:
             repo, "am", "--continue", check=False, env=am_continue_env(repo)
         )
         if p.returncode != 0:
-            raise VstackError(
-                f"git am --continue failed in {repo}: {am_failure(p)}"
-            )
+            raise VstackError(f"git am --continue failed in {repo}: {am_failure(p)}")
     if gitutil.rev_parse(repo, "HEAD") == j.get("before"):
         raise VstackError(
             f"{names[k - 1]} is not on branch '{WORK_BRANCH}' (the `git am` was aborted "

@@ -201,8 +201,8 @@ def require_exportable(project: Project, base: Base, work: str, force: bool) -> 
     base; and patches/ as the last apply/export left it (else export would revert
     whatever changed it: a pull, a hand edit)."""
     from vstack.apply import (
-        describe_commits,
         descends,
+        describe_commits,
         diverged,
         foreign_base_note,
         local_commits,
