@@ -35,12 +35,45 @@ _PINNED_CONFIG = [
     # commit, and so the wheel, as the patch says (git am strips it otherwise).
     "am.keepcr=true",
     "advice.detachedHead=false",
+    # A repository's own .git/config (`git config apply.whitespace fix` in
+    # .vstack/repo) is read too: pin what would change the commits git am makes, the
+    # message it keeps, the bytes format-patch writes, or the output vstack parses.
+    "apply.whitespace=warn",
+    "apply.ignoreWhitespace=no",
+    "core.whitespace=blank-at-eol,space-before-tab,blank-at-eof",
+    "core.commentChar=#",
+    "core.eol=lf",
+    "mailinfo.scissors=false",
+    "am.messageId=false",
+    "format.notes=false",
+    "format.from=false",
+    "format.useAutoBase=false",
+    "format.signOff=false",
+    "format.forceInBodyFrom=false",
+    "format.encodeEmailHeaders=true",
+    "format.thread=false",
+    "format.subjectPrefix=PATCH",
+    "format.suffix=.patch",
+    "i18n.commitEncoding=UTF-8",
+    "i18n.logOutputEncoding=UTF-8",
+    "color.ui=never",
+    "color.diff=never",
+    "color.status=never",
+    "color.branch=never",
+    "log.showSignature=false",
+    "merge.conflictStyle=merge",
+    "rerere.enabled=false",
+    "commit.cleanup=default",
     "gc.auto=0",
     "core.hooksPath=/dev/null",
     # Read even without a global config file: ~/.config/git/{attributes,ignore}.
     f"core.attributesFile={os.devnull}",
     f"core.excludesFile={os.devnull}",
 ]
+
+# Settings that `-c` cannot reset (format.to and format.cc add to a list, an empty
+# format.attach is not "off" in every git): the command's own --no-* flags do.
+_COMMAND_FLAGS = {"format-patch": ["--no-to", "--no-cc", "--no-attach", "--no-notes"]}
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "vstack",
@@ -118,7 +151,7 @@ def git(
         cmd += ["-c", c]
     for d in _user_safe_directories():
         cmd += ["-c", f"safe.directory={d}"]
-    cmd += list(args)
+    cmd += list(args[:1]) + _COMMAND_FLAGS.get(args[0] if args else "", []) + list(args[1:])
     if isinstance(input, str) and not text:
         input = input.encode()
     proc = run(
