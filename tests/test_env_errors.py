@@ -165,3 +165,29 @@ def test_a_cut_download_is_not_cached_as_the_wheel(stack, tmp_path, capsys):
     line = _one_line(capsys)
     assert f"the cached {stack.cache / WHEEL} is not a whole wheel" in line
     assert "Remove it and rerun" in line
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-5", "0", "abc", "1e999"])
+def test_a_timeout_setting_that_is_no_number_of_seconds(stack, monkeypatch, capsys, raw):
+    """nan and inf passed the check and socket.settimeout raised later; a non-numeric
+    VSTACK_UPSTREAM_TEST_TIMEOUT raised at import time."""
+    import importlib
+
+    from vstack import settings
+
+    for name in ("VSTACK_DOWNLOAD_TIMEOUT", "VSTACK_UPSTREAM_TEST_TIMEOUT",
+                 "VSTACK_PRE_COMMIT_TIMEOUT"):  # fmt: skip
+        monkeypatch.setenv(name, raw)
+        import vstack.precommit
+        import vstack.upstream
+
+        importlib.reload(vstack.upstream)  # nothing is read at import time
+        importlib.reload(vstack.precommit)
+        with pytest.raises(settings.VstackError) as e:
+            settings.env_seconds(name, 60)
+        assert f"{name}={raw!r} is not a number of seconds" in str(e.value)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("VSTACK_DOWNLOAD_TIMEOUT", raw)
+    assert stack.run("rebase", "--onto", "nightly") != 0
+    line = _one_line(capsys)
+    assert f"VSTACK_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds" in line

@@ -30,7 +30,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from vstack import gitutil, identity
+from vstack import gitutil, identity, settings
 from vstack.apply import apply_patches
 from vstack.base import (
     Base,
@@ -64,7 +64,7 @@ TITLE_TAGS = re.compile(r"^(\[[^\]\s][^\]]*\])+ \S")
 RFC_LINES = 500
 RFC_EXEMPT = ("tests/", "csrc/", "vllm/config/", "benchmarks/")
 CPU_ENV = "TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu"
-TEST_TIMEOUT = float(os.environ.get("VSTACK_UPSTREAM_TEST_TIMEOUT") or 1800)
+TEST_TIMEOUT_S = 1800  # VSTACK_UPSTREAM_TEST_TIMEOUT overrides it, read when used
 OUTGOING = "outgoing"
 
 
@@ -770,10 +770,11 @@ def make_draft(stack: Stack, i: int, python: Path | None, run_tests: bool,
     else:
         from vstack.check import check_prefix, tests_at
 
+        timeout = settings.env_seconds("VSTACK_UPSTREAM_TEST_TIMEOUT", TEST_TIMEOUT_S)
         print(f"  tests on {where} + this PR: {' '.join(tests)} ...")
         runs: list = []
         problems = check_prefix(repo, start, tip, tests, python, log=lambda s: None,
-                                stop_first=False, timeout=TEST_TIMEOUT, runs=runs)  # fmt: skip
+                                stop_first=False, timeout=timeout, runs=runs)  # fmt: skip
         test_run = runs[0] if runs else None
         if problems:
             checks += [
@@ -785,7 +786,7 @@ def make_draft(stack: Stack, i: int, python: Path | None, run_tests: bool,
             if "[Bugfix]" in title:
                 repro_run = tests_at(repo, start, tests, python,
                                      overlay=(tip, _test_files(info)),
-                                     stop_first=False, timeout=TEST_TIMEOUT)  # fmt: skip
+                                     stop_first=False, timeout=timeout)  # fmt: skip
                 if repro_run.ok:
                     checks.append(Check("reproduces", "", f"the tests pass on {where} "
                                         f"without the fix ({repro_run.summary}): they do not "
