@@ -329,3 +329,27 @@ def test_help_explains_pin_test_files_and_bench(verb, says, capsys):
         vstack_main([verb, "--help"])
     assert e.value.code == 0
     assert says in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda t: t + "# caf\xe9\n", "line "),
+        (lambda t: t.replace('label = "', 'label = 5 #"', 1), "[stack] label is a int"),
+        (lambda t: t.replace('commit = "', 'commit = ["a"] #"', 1), "[base] commit is a list"),
+        (lambda t: t.replace('wheel = "', 'wheel = 3 #"', 1), "[base] wheel is a int"),
+        (lambda t: t.replace('sha256 = "', 'sha256 = 5 #"', 1), "[base] sha256 is a int"),
+        (lambda t: "stack = 1\n" + t.replace("[stack]", "[stackx]", 1), "[stack] is a int"),
+    ],
+)
+def test_a_hand_edited_stack_toml_of_the_wrong_type_or_encoding(stack, capsys, edit, says):
+    """A Latin-1 byte or `label = 5` in stack.toml: one line naming the key, not a
+    UnicodeDecodeError or TypeError."""
+    toml = stack.root / "stack.toml"
+    text = edit(toml.read_text())
+    assert text != toml.read_text()
+    toml.write_bytes(text.encode("latin-1"))
+    for verb in ("pin", "apply", "build"):
+        assert stack.run(verb) != 0
+        line = _only_error_line(capsys)
+        assert "stack.toml" in line and says in line, (verb, line)
