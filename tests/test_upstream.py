@@ -564,6 +564,45 @@ def test_identity_rules():
     assert parse("no email") is None and parse("A <a>") is None
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Ann Lee\n\nCo-authored-by: Nobody\nSigned-off-by: Mallory <mallory@corp.io>",
+        "Ann Lee <ann@corp.io>\nSigned-off-by: Mallory <mallory@corp.io>",
+        "Ann\rLee <ann@corp.io>",
+        "Ann\x1bLee <ann@corp.io>",
+        "Ann Lee <you@domain>",
+        "Full Name <you@domain>",
+        "Your Full Name <a@b.org>",
+        "vLLM-EPLB-Stack <ann@corp.io>",
+        "vllm_eplb_stack <ann@corp.io>",
+        "root <root@localhost.localdomain>",
+        "Ann Lee <root@corp.io>",
+        "test <test@test.com>",
+        "Ann Lee <ann@test.com>",
+        "TODO <todo@corp.io>",
+        "Ann FIXME <ann@corp.io>",
+        "Ann Lee <xxx@corp.io>",
+        "Ann Lee <ann@a@corp.io>",
+    ],
+)
+def test_identity_refuses_injection_and_placeholders(text):
+    """A newline in --signoff added trailer lines of its own to the mbox; vstack's
+    own hint text, the shared author hyphenated, root@localhost.localdomain,
+    test@test.com and TODO were taken as a person."""
+    from vstack.errors import VstackError
+    from vstack.identity import checked, parse, refusal
+
+    ident = parse(text)
+    assert ident is None or refusal(ident), text
+    with pytest.raises(VstackError) as e:
+        checked(text, "--signoff")
+    assert "\n" not in str(e.value) and "\r" not in str(e.value)
+    # a real person stays accepted
+    assert refusal(parse("Ann Lee <ann.lee@corp.io>")) is None
+    assert refusal(parse("Xavier Todorov <x.todorov@corp.io>")) is None
+
+
 def test_bare_signoff_reads_only_name_and_email_from_git_config(stack, capsys, tmp_path, monkeypatch):  # fmt: skip
     _need_ruff()
     slug = _feature_stack(stack)
