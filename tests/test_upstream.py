@@ -584,6 +584,7 @@ def test_identity_rules():
         "Ann FIXME <ann@corp.io>",
         "Ann Lee <xxx@corp.io>",
         "Ann Lee <ann@a@corp.io>",
+        "Ann Lee <ann@domain>",
     ],
 )
 def test_identity_refuses_injection_and_placeholders(text):

@@ -95,7 +95,6 @@ def refusal(ident: Identity) -> str | None:
         domain in _PLACEHOLDER_DOMAINS
         or domain in _PLACEHOLDER_EXACT_DOMAINS
         or domain.endswith(_PLACEHOLDER_TLDS + (".localdomain",))
-        or "." not in domain
     ):
         return f"<{ident.email}> is a placeholder address ({domain})"
     return None
