@@ -21,6 +21,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from vstack import fsutil
 from vstack.base import pinned_wheel
 from vstack.build import build, extract_outside
 from vstack.config import Project, load_project
@@ -113,17 +114,31 @@ def write_vllm_zip(wheel: Path, out: Path) -> list[str]:
     return sorted(extensions)
 
 
+WHAT = "vstack gpu-check --bundle"
+
+
+def clear_own_folder(folder: Path) -> None:
+    """Everything in an output folder vstack owns, except its ownership marker."""
+    for child in folder.iterdir():
+        if child.name == fsutil.OWN_MARKER:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            fsutil.remove_tree(child)
+        else:
+            fsutil.remove(child)
+
+
 def make_bundle(project: Project, out: Path, log=None) -> dict:
     """Build the patched wheel (scripts/build) and write the bundle to `out`."""
     log = log or (lambda s: print(s, file=sys.stderr))
-    if out.exists() and not (out / "manifest.json").is_file():
-        raise VstackError(
-            f"{out} exists and is not a gpu-check bundle; not touching it"
-        )
+    # The folder's old content is removed: only a folder this command made (the
+    # .vstack-out marker, as for build --out) or its own default under .vstack/.
+    default = out.resolve() == (project.cache / "gpu-check" / "bundle").resolve()
+    fsutil.own_folder(out, WHAT, default, create=False)
     info = build(project, log=log)
     wheel = project.dist / info["wheel"]
-    if out.exists():
-        shutil.rmtree(out)
+    fsutil.own_folder(out, WHAT, default)
+    clear_own_folder(out)
     (out / "site").mkdir(parents=True)
     log(f"vstack: gpu-check bundle in {out} ...")
     extensions = write_vllm_zip(wheel, out / "vllm.zip")
