@@ -211,6 +211,34 @@ def test_leftovers_of_a_killed_run_are_removed_by_the_next(stack, capsys):
     assert live.is_dir()
 
 
+@pytest.mark.parametrize("verb", [["lint"], ["gpu-check", "--bundle", "B"]])
+def test_lint_and_gpu_check_take_the_project_lock(stack, capsys, verb):
+    """gpu-check (which builds) and lint (applied_tip, temp worktrees in .vstack/)
+    ran while another vstack command held the project lock, and without recovery."""
+    verb = [str(stack.root.parent / "bundle") if v == "B" else v for v in verb]
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from vstack.locks import project_lock\n"
+         "with project_lock(Path(sys.argv[1]), 'apply'):\n"
+         "    print('held', flush=True); time.sleep(120)",
+         str(stack.root)],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert stack.run(*verb) == 1
+        line = _only_error_line(capsys)
+        assert f"another vstack command is running in {stack.root}" in line, line
+        assert not (stack.root / "dist").exists()
+        assert not (stack.root / ".vstack" / "repo").exists()
+        assert not (stack.root.parent / "bundle").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert stack.run("gpu-check", "--list") == 0  # needs no lock, no project
+
+
 def test_two_builds_at_once_get_a_clear_lock_error(stack, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c",

@@ -433,11 +433,13 @@ def parser() -> argparse.ArgumentParser:
 # at a time per project, each after finishing what an interrupted one left.
 LOCKED_VERBS = (
     "base", "apply", "export", "build", "test-files", "rebase", "check", "upstream",
-    "bench",
+    "bench", "lint", "gpu-check",
 )  # fmt: skip
 
 
 def _locked(args) -> bool:
+    if args.verb == "gpu-check" and args.list:
+        return False  # names the checks; needs no project
     return args.verb in LOCKED_VERBS or (args.verb == "pin" and args.submodule)
 
 
