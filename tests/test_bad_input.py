@@ -381,3 +381,32 @@ def test_a_hand_edited_stack_toml_of_the_wrong_type_or_encoding(stack, capsys, e
         assert stack.run(verb) != 0
         line = _only_error_line(capsys)
         assert "stack.toml" in line and says in line, (verb, line)
+
+
+def test_test_files_out_writes_only_into_its_own_folder(stack, capsys):
+    """test-files --out overwrote an uncommitted tests/test_x.py of a checkout, rc 0.
+    Now: a non-empty folder without the .vstack-out marker is refused, untouched;
+    a new folder gets the marker and is replaced on the next run."""
+    assert stack.run("apply") == 0
+    stack.commit_on_work("tests/test_eplb_x.py", "def test_x():\n    pass\n",
+                         "[EPLB] Test\n\nWhy it exists.\n\nUpstream-Status: pending")  # fmt: skip
+    assert stack.run("export") == 0
+    mine = stack.root.parent / "my-vllm-checkout"
+    (mine / "tests").mkdir(parents=True)
+    (mine / "tests/test_eplb_x.py").write_text("# my uncommitted work\n")
+    (mine / "README").write_text("mine\n")
+    capsys.readouterr()
+    assert stack.run("test-files", "--out", str(mine)) == 1
+    line = _only_error_line(capsys)
+    assert str(mine) in line and "was not made by vstack test-files" in line
+    assert (mine / "tests/test_eplb_x.py").read_text() == "# my uncommitted work\n"
+    assert sorted(p.name for p in mine.rglob("*")) == ["README", "test_eplb_x.py", "tests"]
+    out = stack.root.parent / "tf"
+    assert stack.run("test-files", "--out", str(out)) == 0
+    assert (out / "tests/test_eplb_x.py").read_text() == "def test_x():\n    pass\n"
+    assert (out / ".vstack-out").is_file()
+    (out / "stale.py").write_text("x")
+    assert stack.run("test-files", "--out", str(out)) == 0
+    assert not (out / "stale.py").exists()
+    assert (out / "tests/test_eplb_x.py").is_file()
+    assert not list(out.rglob(".*.tmp"))

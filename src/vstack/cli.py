@@ -80,9 +80,9 @@ def run_build(args):
 
 
 def run_test_files(args):
-    from vstack.build import extract_outside
+    from vstack.build import write_test_files
 
-    paths = extract_outside(_project(args), Path(args.out))
+    paths = write_test_files(_project(args), Path(args.out))
     for p in paths:
         print(p)
     return 0

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from vstack import fsutil
 from vstack.base import pinned_wheel
-from vstack.build import build, extract_outside
+from vstack.build import build, clear_own_folder, extract_outside
 from vstack.config import Project, load_project
 from vstack.errors import VstackError
 
@@ -115,17 +115,6 @@ def write_vllm_zip(wheel: Path, out: Path) -> list[str]:
 
 
 WHAT = "vstack gpu-check --bundle"
-
-
-def clear_own_folder(folder: Path) -> None:
-    """Everything in an output folder vstack owns, except its ownership marker."""
-    for child in folder.iterdir():
-        if child.name == fsutil.OWN_MARKER:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            fsutil.remove_tree(child)
-        else:
-            fsutil.remove(child)
 
 
 def make_bundle(project: Project, out: Path, log=None) -> dict:
