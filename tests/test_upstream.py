@@ -712,3 +712,58 @@ def test_all_writes_every_draft_rfc_and_index(stack, capsys):
         "PASS     [rfc] implements the RFC drafted from docs/proto.md"
         in (up / slug / "checks.txt").read_text()
     )
+
+
+def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
+    """upstream --all rmtree'd every folder under upstream/ that no patch makes,
+    uncommitted notes included, saying "its revisions stay in git history"."""
+    _need_ruff()
+    slug = _feature_stack(stack)
+    git(stack.root, "init", "-q")
+    (stack.root / ".gitignore").write_text("/.vstack/\n")
+    assert stack.run("upstream", "--all", "--no-tests") == 0
+    up = stack.root / "upstream"
+    shutil.copytree(up / slug, up / "old-committed")
+    shutil.copytree(up / slug, up / "old-edited")
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "drafts")
+    (up / "old-edited" / "body.md").write_text("my edits\n")
+    shutil.copytree(up / slug, up / "old-uncommitted")
+    (up / "my-review-notes").mkdir()
+    (up / "my-review-notes" / "notes.md").write_text("mine\n")
+    (up / "empty").mkdir()
+    capsys.readouterr()
+    assert stack.run("upstream", "--all", "--no-tests") == 0
+    out = capsys.readouterr().out
+    assert not (up / "old-committed").exists() and not (up / "empty").exists()
+    assert "removed upstream/old-committed/" in out and "stay in git history" in out
+    assert (up / "my-review-notes" / "notes.md").read_text() == "mine\n"
+    assert (up / "old-edited" / "body.md").read_text() == "my edits\n"
+    assert (up / "old-uncommitted" / "meta.json").is_file()
+    assert "kept upstream/my-review-notes/" in out and "did not write it" in out
+    assert "kept upstream/old-edited/" in out and "not committed in git" in out
+    assert "kept upstream/old-uncommitted/" in out
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ('{"revisions": [{"revision": 1, "di', "is not valid JSON"),
+        ("<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> other\n", "merge conflict markers"),
+        ('{"revisions": 3}', "is not a draft's record"),
+        ("[]", "is not a draft's record"),
+        (b"\xff\xfe", "is not valid JSON"),
+    ],
+)
+def test_a_torn_or_conflicted_meta_json_is_one_line(stack, capsys, data, says):
+    _need_ruff()
+    slug = _feature_stack(stack)
+    assert stack.run("upstream", slug, "--no-tests") == 0
+    meta = stack.root / "upstream" / slug / "meta.json"
+    meta.write_bytes(data if isinstance(data, bytes) else data.encode())
+    capsys.readouterr()
+    assert stack.run("upstream", slug, "--no-tests") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vstack: error: "), err
+    assert str(meta) in err[0] and says in err[0], err[0]
+    assert not list(meta.parent.glob(".*.tmp"))
