@@ -191,3 +191,37 @@ def test_a_timeout_setting_that_is_no_number_of_seconds(stack, monkeypatch, caps
     assert stack.run("rebase", "--onto", "nightly") != 0
     line = _one_line(capsys)
     assert f"VSTACK_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds" in line
+
+
+@pytest.fixture
+def file_size_limit():
+    """ulimit -f of 64 KiB for this process and the git it starts, restored after."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, old[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, old)
+
+
+def test_a_file_size_limit_names_the_file_and_the_limit(stack, capsys, file_size_limit):
+    """Under ulimit -f, export said `vstack: error: File too large` with no path, and
+    apply "git am ... fatal: Failed to split patches"."""
+    assert stack.run("apply") == 0
+    big = "".join(f"LINE_{i} = {i}\n" for i in range(8000))  # ~100 KiB
+    stack.commit_on_work("vllm/big.py", big,
+                         "[EPLB] Big\n\nA module too big for the limit.\n\nUpstream-Status: pending")  # fmt: skip
+    capsys.readouterr()
+    file_size_limit()
+    assert stack.run("export") == 1
+    line = _one_line(capsys)
+    assert "File too large" in line and "ulimit -f" in line, line
+    assert f"error: {stack.root}/" in line, line  # the file it was writing
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE)[1:] * 2)
+    assert stack.run("export") == 0
+    capsys.readouterr()
+    file_size_limit()
+    assert stack.run("apply", "--force") == 1
+    line = _one_line(capsys)
+    assert "the file size limit (ulimit -f) is 65536 bytes" in line, line

@@ -471,6 +471,9 @@ def _os_error(e: OSError) -> str:
         errno.ENOSPC: " (the disk is full: free some space and rerun; what was "
         "interrupted is finished or undone by the next vstack command)",
         errno.EDQUOT: " (disk quota exceeded)",
+        errno.EFBIG: " (the file size limit stops the write: raise it, ulimit -f, "
+        "and rerun; what was interrupted is finished or undone by the next vstack "
+        "command)",
         errno.EROFS: cannot,
         errno.EACCES: cannot,
         errno.EPERM: cannot,

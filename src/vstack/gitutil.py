@@ -176,8 +176,28 @@ def git(
             f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
             if err.strip()
             else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
+        ) if not limit_hit(repo, err) else VstackError(
+            f"git {' '.join(args[:3])} could not write in {repo}: {limit_hit(repo, err)}: "
+            f"free space or raise the limit and rerun"
         )
     return proc
+
+
+def limit_hit(repo: Path | str, stderr: str) -> str:
+    """A full disk or a file size limit, when git's failure looks like a failed
+    write ("Failed to split patches", "No space left", "File too large"); or ""."""
+    if not re.search(r"Failed to split patches|No space left|File too large|"
+                     r"short write|unable to write", stderr):  # fmt: skip
+        return ""
+    from vstack.oserrors import write_limit_hint
+
+    return write_limit_hint(repo)
+
+
+def limit_note(repo: Path | str, stderr: str) -> str:
+    """limit_hit as a parenthesis to end an error message with, or ""."""
+    hit = limit_hit(repo, stderr)
+    return f" ({hit}: free space or raise the limit, then rerun)" if hit else ""
 
 
 def held_lock(stderr: str) -> str | None:
