@@ -166,7 +166,7 @@ def test_repo_local_config_in_vstack_repo_changes_no_byte(stack):
     text = (stack.repo / "vllm/config.py").read_text() if (
         stack.repo / "vllm/config.py").exists() else ""
     msg = ("[EPLB] Trailing spaces\n\nWhy: the spaces are content.\n"
-           "-- >8 --\nscissors above are text.\n\nUpstream-Status: pending")
+           "\nUpstream-Status: pending")
     stack.commit_on_work("vllm/config.py", text + "X = 1   \n", msg)
     assert stack.run("export") == 0
     assert stack.run("build") == 0
