@@ -171,18 +171,16 @@ def test_a_cut_download_is_not_cached_as_the_wheel(stack, tmp_path, capsys):
 def test_a_timeout_setting_that_is_no_number_of_seconds(stack, monkeypatch, capsys, raw):
     """nan and inf passed the check and socket.settimeout raised later; a non-numeric
     VSTACK_UPSTREAM_TEST_TIMEOUT raised at import time."""
-    import importlib
-
     from vstack import settings
 
     for name in ("VSTACK_DOWNLOAD_TIMEOUT", "VSTACK_UPSTREAM_TEST_TIMEOUT",
                  "VSTACK_PRE_COMMIT_TIMEOUT"):  # fmt: skip
         monkeypatch.setenv(name, raw)
-        import vstack.precommit
-        import vstack.upstream
-
-        importlib.reload(vstack.upstream)  # nothing is read at import time
-        importlib.reload(vstack.precommit)
+        # nothing is read at import time
+        subprocess.run(
+            [sys.executable, "-c", "import vstack.upstream, vstack.precommit, vstack.fetch"],
+            check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )  # fmt: skip
         with pytest.raises(settings.VstackError) as e:
             settings.env_seconds(name, 60)
         assert f"{name}={raw!r} is not a number of seconds" in str(e.value)
