@@ -138,6 +138,16 @@ def git_env(
     return env
 
 
+def config_args() -> list[str]:
+    """The -c options every git call vstack makes carries (see _PINNED_CONFIG)."""
+    args = []
+    for c in _PINNED_CONFIG:
+        args += ["-c", c]
+    for d in _user_safe_directories():
+        args += ["-c", f"safe.directory={d}"]
+    return args
+
+
 def git(
     repo: Path | str,
     *args: str,
@@ -146,11 +156,7 @@ def git(
     env: dict[str, str] | None = None,
     text: bool = True,
 ) -> subprocess.CompletedProcess:
-    cmd = ["git", "-C", str(repo)]
-    for c in _PINNED_CONFIG:
-        cmd += ["-c", c]
-    for d in _user_safe_directories():
-        cmd += ["-c", f"safe.directory={d}"]
+    cmd = ["git", "-C", str(repo), *config_args()]
     cmd += list(args[:1]) + _COMMAND_FLAGS.get(args[0] if args else "", []) + list(args[1:])
     if isinstance(input, str) and not text:
         input = input.encode()
