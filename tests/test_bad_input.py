@@ -364,13 +364,24 @@ def test_help_explains_pin_test_files_and_bench(verb, says, capsys):
     [
         (lambda t: t + "# caf\xe9\n", "line "),
         (lambda t: t.replace('label = "', 'label = 5 #"', 1), "[stack] label is a int"),
-        (lambda t: t.replace('commit = "', 'commit = ["a"] #"', 1), "[base] commit is a list"),
+        (
+            lambda t: t.replace('commit = "', 'commit = ["a"] #"', 1),
+            "[base] commit is a list",
+        ),
         (lambda t: t.replace('wheel = "', 'wheel = 3 #"', 1), "[base] wheel is a int"),
-        (lambda t: t.replace('sha256 = "', 'sha256 = 5 #"', 1), "[base] sha256 is a int"),
-        (lambda t: "stack = 1\n" + t.replace("[stack]", "[stackx]", 1), "[stack] is a int"),
+        (
+            lambda t: t.replace('sha256 = "', 'sha256 = 5 #"', 1),
+            "[base] sha256 is a int",
+        ),
+        (
+            lambda t: "stack = 1\n" + t.replace("[stack]", "[stackx]", 1),
+            "[stack] is a int",
+        ),
     ],
 )
-def test_a_hand_edited_stack_toml_of_the_wrong_type_or_encoding(stack, capsys, edit, says):
+def test_a_hand_edited_stack_toml_of_the_wrong_type_or_encoding(
+    stack, capsys, edit, says
+):
     """A Latin-1 byte or `label = 5` in stack.toml: one line naming the key, not a
     UnicodeDecodeError or TypeError."""
     toml = stack.root / "stack.toml"
@@ -400,7 +411,11 @@ def test_test_files_out_writes_only_into_its_own_folder(stack, capsys):
     line = _only_error_line(capsys)
     assert str(mine) in line and "was not made by vstack test-files" in line
     assert (mine / "tests/test_eplb_x.py").read_text() == "# my uncommitted work\n"
-    assert sorted(p.name for p in mine.rglob("*")) == ["README", "test_eplb_x.py", "tests"]
+    assert sorted(p.name for p in mine.rglob("*")) == [
+        "README",
+        "test_eplb_x.py",
+        "tests",
+    ]
     out = stack.root.parent / "tf"
     assert stack.run("test-files", "--out", str(out)) == 0
     assert (out / "tests/test_eplb_x.py").read_text() == "def test_x():\n    pass\n"

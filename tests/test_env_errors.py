@@ -168,7 +168,9 @@ def test_a_cut_download_is_not_cached_as_the_wheel(stack, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "-5", "0", "abc", "1e999"])
-def test_a_timeout_setting_that_is_no_number_of_seconds(stack, monkeypatch, capsys, raw):
+def test_a_timeout_setting_that_is_no_number_of_seconds(
+    stack, monkeypatch, capsys, raw
+):
     """nan and inf passed the check and socket.settimeout raised later; a non-numeric
     VSTACK_UPSTREAM_TEST_TIMEOUT raised at import time."""
     from vstack import settings
@@ -216,7 +218,9 @@ def test_a_file_size_limit_names_the_file_and_the_limit(stack, capsys, file_size
     assert f"error: {stack.root}/" in line, line  # the file it was writing
     import resource
 
-    resource.setrlimit(resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE)[1:] * 2)
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE)[1:] * 2
+    )
     assert stack.run("export") == 0
     capsys.readouterr()
     file_size_limit()

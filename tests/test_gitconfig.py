@@ -163,10 +163,15 @@ def test_repo_local_config_in_vstack_repo_changes_no_byte(stack):
     """`git config apply.whitespace fix` (or mailinfo.scissors, format.attach, ...)
     in .vstack/repo itself: the wheel and the patches stay what the patches say."""
     assert stack.run("apply") == 0
-    text = (stack.repo / "vllm/config.py").read_text() if (
-        stack.repo / "vllm/config.py").exists() else ""
-    msg = ("[EPLB] Trailing spaces\n\nWhy: the spaces are content.\n"
-           "\nUpstream-Status: pending")
+    text = (
+        (stack.repo / "vllm/config.py").read_text()
+        if (stack.repo / "vllm/config.py").exists()
+        else ""
+    )
+    msg = (
+        "[EPLB] Trailing spaces\n\nWhy: the spaces are content.\n"
+        "\nUpstream-Status: pending"
+    )
     stack.commit_on_work("vllm/config.py", text + "X = 1   \n", msg)
     assert stack.run("export") == 0
     assert stack.run("build") == 0

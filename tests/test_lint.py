@@ -177,9 +177,18 @@ def test_export_refuses_a_message_git_am_would_cut(stack, capsys):
     import pytest
 
     for body, line in [
-        ("Why it exists, in a sentence or two.\n---\nDesign text after dashes.", "'---'"),
-        ("Why it exists: this was the old fix:\n\n" + QUOTED_DIFF, "'diff --git a/vllm/b.py"),
-        ("Why it exists, in a sentence or two.\n\nIndex: vllm/b.py", "'Index: vllm/b.py'"),
+        (
+            "Why it exists, in a sentence or two.\n---\nDesign text after dashes.",
+            "'---'",
+        ),
+        (
+            "Why it exists: this was the old fix:\n\n" + QUOTED_DIFF,
+            "'diff --git a/vllm/b.py",
+        ),
+        (
+            "Why it exists, in a sentence or two.\n\nIndex: vllm/b.py",
+            "'Index: vllm/b.py'",
+        ),
         ("Why it exists, in a sentence or two.\n--- a/vllm/b.py", "'--- a/vllm/b.py'"),
         ("Why it exists, in a sentence or two.\n-- >8 --\nmore.", "'-- >8 --'"),
     ]:
@@ -210,8 +219,14 @@ def test_lint_refuses_a_patch_whose_message_git_am_would_cut(stack):
     assert _messages(stack) == []
     why = "The module exists so that the tests have something real to check.\n"
     for inserted, says in [
-        ("---\nDesign text after dashes.\n", "'Design text after dashes.' follows the '---' line"),
-        ("Old fix:\n" + QUOTED_DIFF, "'diff --git a/vllm/b.py b/vllm/b.py' in the message is where git am ends it"),
+        (
+            "---\nDesign text after dashes.\n",
+            "'Design text after dashes.' follows the '---' line",
+        ),
+        (
+            "Old fix:\n" + QUOTED_DIFF,
+            "'diff --git a/vllm/b.py b/vllm/b.py' in the message is where git am ends it",
+        ),
         ("-- >8 --\n", "is a scissors line"),
     ]:
         patch.write_text(good.replace(why, why + inserted, 1))

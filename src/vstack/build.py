@@ -345,7 +345,9 @@ def write_test_files(project: Project, out_dir: Path) -> list[str]:
     fsutil.own_folder(out_dir, what, create=False)
     project.cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=project.cache) as tmp:
-        paths = extract_outside(project, Path(tmp))  # a failure leaves out_dir as it was
+        paths = extract_outside(
+            project, Path(tmp)
+        )  # a failure leaves out_dir as it was
         fsutil.own_folder(out_dir, what)
         clear_own_folder(out_dir)
         for path in paths:

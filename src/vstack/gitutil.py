@@ -157,7 +157,11 @@ def git(
     text: bool = True,
 ) -> subprocess.CompletedProcess:
     cmd = ["git", "-C", str(repo), *config_args()]
-    cmd += list(args[:1]) + _COMMAND_FLAGS.get(args[0] if args else "", []) + list(args[1:])
+    cmd += (
+        list(args[:1])
+        + _COMMAND_FLAGS.get(args[0] if args else "", [])
+        + list(args[1:])
+    )
     if isinstance(input, str) and not text:
         input = input.encode()
     proc = run(
@@ -178,13 +182,17 @@ def git(
                 f"is running there, or one was killed (rerun vstack: it removes a lock "
                 f"that no process holds)"
             )
-        raise VstackError(
-            f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
-            if err.strip()
-            else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
-        ) if not limit_hit(repo, err) else VstackError(
-            f"git {' '.join(args[:3])} could not write in {repo}: {limit_hit(repo, err)}: "
-            f"free space or raise the limit and rerun"
+        raise (
+            VstackError(
+                f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
+                if err.strip()
+                else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
+            )
+            if not limit_hit(repo, err)
+            else VstackError(
+                f"git {' '.join(args[:3])} could not write in {repo}: {limit_hit(repo, err)}: "
+                f"free space or raise the limit and rerun"
+            )
         )
     return proc
 

@@ -64,7 +64,7 @@ class Identity:
 
 
 def parse(text: str) -> Identity | None:
-    """"Name <email>" with one @ and no newline or control character (a newline
+    """ "Name <email>" with one @ and no newline or control character (a newline
     would let a name add trailer lines of its own to the message)."""
     if _CONTROL.search(text or ""):
         return None
@@ -105,8 +105,8 @@ def checked(text: str, source: str) -> Identity:
     ident = parse(text)
     if ident is None:
         raise VstackError(
-            f"{source}: {text!r} is not an identity: give your own \"Full Name "
-            f"<address>\" on one line, with one @"
+            f'{source}: {text!r} is not an identity: give your own "Full Name '
+            f'<address>" on one line, with one @'
         )
     why = refusal(ident)
     if why:

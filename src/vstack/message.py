@@ -114,10 +114,15 @@ def patch_file_problem(text: str) -> tuple[int, str] | None:
     cut = next((i for i in range(start, len(lines)) if is_patch_break(lines[i])), None)
     for i in range(start, cut if cut is not None else len(lines)):
         if is_scissors(lines[i]):
-            return i + 1, f"{lines[i][:60]!r} is a scissors line: git am --scissors drops the message above it"
+            return (
+                i + 1,
+                f"{lines[i][:60]!r} is a scissors line: git am --scissors drops the message above it",
+            )
     if cut is None:
         return None
-    diff = next((i for i in range(cut, len(lines)) if lines[i].startswith("diff --git ")), None)
+    diff = next(
+        (i for i in range(cut, len(lines)) if lines[i].startswith("diff --git ")), None
+    )
     if lines[cut].rstrip() == "---":
         lost = [
             i for i in range(cut + 1, diff if diff is not None else len(lines))

@@ -952,14 +952,20 @@ def parse_meta(data: bytes, path: Path) -> dict:
         meta = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         conflict = b"\n<<<<<<< " in b"\n" + data
-        what = "holds git merge conflict markers" if conflict else f"is not valid JSON ({e})"
+        what = (
+            "holds git merge conflict markers"
+            if conflict
+            else f"is not valid JSON ({e})"
+        )
         raise VstackError(f"{path} {what}: {fix}") from None
     revs = meta.get("revisions") if isinstance(meta, dict) else None
     if not isinstance(revs, list) or not all(
         isinstance(r, dict) and isinstance(r.get("revision"), int)
         and isinstance(r.get("digest"), str) for r in revs
     ):  # fmt: skip
-        raise VstackError(f"{path} is not a draft's record (a list of revisions): {fix}")
+        raise VstackError(
+            f"{path} is not a draft's record (a list of revisions): {fix}"
+        )
     return meta
 
 
@@ -1091,7 +1097,9 @@ def write_draft(stack: Stack, d: Draft, range_text: str | None) -> Path:
             fsutil.remove(old)
     fsutil.write_bytes(out / f"v{d.revision}.mbox", d.mbox)
     if range_text is not None:
-        fsutil.write_text(out / f"range-diff-v{d.revision - 1}-v{d.revision}.txt", range_text)
+        fsutil.write_text(
+            out / f"range-diff-v{d.revision - 1}-v{d.revision}.txt", range_text
+        )
     fsutil.write_text(out / "title.txt", d.title + "\n")
     fsutil.write_text(out / "body.md", render_body(stack, d))
     fsutil.write_text(out / "checks.txt", render_checks(stack, d))
@@ -1214,7 +1222,9 @@ def _sendable(stack: Stack, d: Draft, signed: list[str], signer: Identity) -> Pa
     mbox = out / f"v{d.revision}.mbox"
     fsutil.write_bytes(mbox, format_mbox(repo, start, signed[-1]))
     dco = dco_check(repo, signed[len(d.chain) :], "")
-    fsutil.write_text(out / "checks.txt", f"{dco.status:<8} {dco}\nsigned off by: {signer}\n")
+    fsutil.write_text(
+        out / "checks.txt", f"{dco.status:<8} {dco}\nsigned off by: {signer}\n"
+    )
     if dco.status == "FAIL":
         raise VstackError(
             f"{d.slug}: signed as {signer}, the DCO check still fails: {dco.message}"
@@ -1306,8 +1316,9 @@ def write_index(stack: Stack, drafts: list[Draft], notes: list[str]) -> None:
     fsutil.write_text(stack.project.root / "upstream" / "index.md", "\n".join(lines))
 
 
-def stale_draft_verdict(has_own_files: bool, tracked: list[str], changed: list[str],
-                        git_error: str | None) -> str | None:
+def stale_draft_verdict(
+    has_own_files: bool, tracked: list[str], changed: list[str], git_error: str | None
+) -> str | None:
     """None when a draft folder no patch makes any more may be removed (vstack
     upstream wrote it and git holds every file of it as it is), else why not."""
     if not has_own_files:
