@@ -239,6 +239,30 @@ def test_lint_and_gpu_check_take_the_project_lock(stack, capsys, verb):
     assert stack.run("gpu-check", "--list") == 0  # needs no lock, no project
 
 
+def test_gpu_check_multi_takes_the_project_lock(stack, capsys):
+    """scripts/gpu-check --multi runs `python -m vstack.gpucheck`, not the cli."""
+    from vstack import gpucheck
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from vstack.locks import project_lock\n"
+         "with project_lock(Path(sys.argv[1]), 'apply'):\n"
+         "    print('held', flush=True); time.sleep(120)",
+         str(stack.root)],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert gpucheck.main(["--root", str(stack.root), "--multi",
+                              "--python", sys.executable]) == 1  # fmt: skip
+        line = _only_error_line(capsys)
+        assert f"another vstack command is running in {stack.root}" in line, line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_two_builds_at_once_get_a_clear_lock_error(stack, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c",

@@ -446,17 +446,23 @@ def _locked(args) -> bool:
 def _run(args) -> int:
     if not _locked(args):
         return args.func(args)
+    with locked(_project(args), args.verb):
+        return args.func(args)
+
+
+@contextlib.contextmanager
+def locked(project, verb: str):
+    """The project lock, and the recovery every command that writes runs first."""
     from vstack import journal, locks
 
-    project = _project(args)
-    with locks.project_lock(project.root, args.verb):
+    with locks.project_lock(project.root, verb):
         locks.recover(project.cache, project.repo)
         journal.recover(
             project.root,
             project.cache,
             lambda s: print(f"vstack: {s}", file=sys.stderr),
         )
-        return args.func(args)
+        yield
 
 
 def _os_error(e: OSError) -> str:

@@ -237,8 +237,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="results file (default benchmarks/results/...)")
     args, rest = ap.parse_known_args(argv)
     try:
-        return run_multi(load_project(Path(args.root)), args.python, rest,
-                         Path(args.out) if args.out else None)  # fmt: skip
+        from vstack.cli import locked
+
+        project = load_project(Path(args.root))
+        with locked(project, "gpu-check"):
+            return run_multi(project, args.python, rest,
+                             Path(args.out) if args.out else None)  # fmt: skip
     except VstackError as e:
         print(f"vstack: error: {e}", file=sys.stderr)
         return 1
