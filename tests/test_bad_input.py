@@ -211,6 +211,58 @@ def test_leftovers_of_a_killed_run_are_removed_by_the_next(stack, capsys):
     assert live.is_dir()
 
 
+@pytest.mark.parametrize("verb", [["lint"], ["gpu-check", "--bundle", "B"]])
+def test_lint_and_gpu_check_take_the_project_lock(stack, capsys, verb):
+    """gpu-check (which builds) and lint (applied_tip, temp worktrees in .vstack/)
+    ran while another vstack command held the project lock, and without recovery."""
+    verb = [str(stack.root.parent / "bundle") if v == "B" else v for v in verb]
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from vstack.locks import project_lock\n"
+         "with project_lock(Path(sys.argv[1]), 'apply'):\n"
+         "    print('held', flush=True); time.sleep(120)",
+         str(stack.root)],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert stack.run(*verb) == 1
+        line = _only_error_line(capsys)
+        assert f"another vstack command is running in {stack.root}" in line, line
+        assert not (stack.root / "dist").exists()
+        assert not (stack.root / ".vstack" / "repo").exists()
+        assert not (stack.root.parent / "bundle").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert stack.run("gpu-check", "--list") == 0  # needs no lock, no project
+
+
+def test_gpu_check_multi_takes_the_project_lock(stack, capsys):
+    """scripts/gpu-check --multi runs `python -m vstack.gpucheck`, not the cli."""
+    from vstack import gpucheck
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from vstack.locks import project_lock\n"
+         "with project_lock(Path(sys.argv[1]), 'apply'):\n"
+         "    print('held', flush=True); time.sleep(120)",
+         str(stack.root)],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert gpucheck.main(["--root", str(stack.root), "--multi",
+                              "--python", sys.executable]) == 1  # fmt: skip
+        line = _only_error_line(capsys)
+        assert f"another vstack command is running in {stack.root}" in line, line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_two_builds_at_once_get_a_clear_lock_error(stack, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c",
@@ -329,3 +381,71 @@ def test_help_explains_pin_test_files_and_bench(verb, says, capsys):
         vstack_main([verb, "--help"])
     assert e.value.code == 0
     assert says in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda t: t + "# caf\xe9\n", "line "),
+        (lambda t: t.replace('label = "', 'label = 5 #"', 1), "[stack] label is a int"),
+        (
+            lambda t: t.replace('commit = "', 'commit = ["a"] #"', 1),
+            "[base] commit is a list",
+        ),
+        (lambda t: t.replace('wheel = "', 'wheel = 3 #"', 1), "[base] wheel is a int"),
+        (
+            lambda t: t.replace('sha256 = "', 'sha256 = 5 #"', 1),
+            "[base] sha256 is a int",
+        ),
+        (
+            lambda t: "stack = 1\n" + t.replace("[stack]", "[stackx]", 1),
+            "[stack] is a int",
+        ),
+    ],
+)
+def test_a_hand_edited_stack_toml_of_the_wrong_type_or_encoding(
+    stack, capsys, edit, says
+):
+    """A Latin-1 byte or `label = 5` in stack.toml: one line naming the key, not a
+    UnicodeDecodeError or TypeError."""
+    toml = stack.root / "stack.toml"
+    text = edit(toml.read_text())
+    assert text != toml.read_text()
+    toml.write_bytes(text.encode("latin-1"))
+    for verb in ("pin", "apply", "build"):
+        assert stack.run(verb) != 0
+        line = _only_error_line(capsys)
+        assert "stack.toml" in line and says in line, (verb, line)
+
+
+def test_test_files_out_writes_only_into_its_own_folder(stack, capsys):
+    """test-files --out overwrote an uncommitted tests/test_x.py of a checkout, rc 0.
+    Now: a non-empty folder without the .vstack-out marker is refused, untouched;
+    a new folder gets the marker and is replaced on the next run."""
+    assert stack.run("apply") == 0
+    stack.commit_on_work("tests/test_eplb_x.py", "def test_x():\n    pass\n",
+                         "[EPLB] Test\n\nWhy it exists.\n\nUpstream-Status: pending")  # fmt: skip
+    assert stack.run("export") == 0
+    mine = stack.root.parent / "my-vllm-checkout"
+    (mine / "tests").mkdir(parents=True)
+    (mine / "tests/test_eplb_x.py").write_text("# my uncommitted work\n")
+    (mine / "README").write_text("mine\n")
+    capsys.readouterr()
+    assert stack.run("test-files", "--out", str(mine)) == 1
+    line = _only_error_line(capsys)
+    assert str(mine) in line and "was not made by vstack test-files" in line
+    assert (mine / "tests/test_eplb_x.py").read_text() == "# my uncommitted work\n"
+    assert sorted(p.name for p in mine.rglob("*")) == [
+        "README",
+        "test_eplb_x.py",
+        "tests",
+    ]
+    out = stack.root.parent / "tf"
+    assert stack.run("test-files", "--out", str(out)) == 0
+    assert (out / "tests/test_eplb_x.py").read_text() == "def test_x():\n    pass\n"
+    assert (out / ".vstack-out").is_file()
+    (out / "stale.py").write_text("x")
+    assert stack.run("test-files", "--out", str(out)) == 0
+    assert not (out / "stale.py").exists()
+    assert (out / "tests/test_eplb_x.py").is_file()
+    assert not list(out.rglob(".*.tmp"))

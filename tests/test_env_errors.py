@@ -165,3 +165,65 @@ def test_a_cut_download_is_not_cached_as_the_wheel(stack, tmp_path, capsys):
     line = _one_line(capsys)
     assert f"the cached {stack.cache / WHEEL} is not a whole wheel" in line
     assert "Remove it and rerun" in line
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-5", "0", "abc", "1e999"])
+def test_a_timeout_setting_that_is_no_number_of_seconds(
+    stack, monkeypatch, capsys, raw
+):
+    """nan and inf passed the check and socket.settimeout raised later; a non-numeric
+    VSTACK_UPSTREAM_TEST_TIMEOUT raised at import time."""
+    from vstack import settings
+
+    for name in ("VSTACK_DOWNLOAD_TIMEOUT", "VSTACK_UPSTREAM_TEST_TIMEOUT",
+                 "VSTACK_PRE_COMMIT_TIMEOUT"):  # fmt: skip
+        monkeypatch.setenv(name, raw)
+        # nothing is read at import time
+        subprocess.run(
+            [sys.executable, "-c", "import vstack.upstream, vstack.precommit, vstack.fetch"],
+            check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )  # fmt: skip
+        with pytest.raises(settings.VstackError) as e:
+            settings.env_seconds(name, 60)
+        assert f"{name}={raw!r} is not a number of seconds" in str(e.value)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("VSTACK_DOWNLOAD_TIMEOUT", raw)
+    assert stack.run("rebase", "--onto", "nightly") != 0
+    line = _one_line(capsys)
+    assert f"VSTACK_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds" in line
+
+
+@pytest.fixture
+def file_size_limit():
+    """ulimit -f of 64 KiB for this process and the git it starts, restored after."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, old[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, old)
+
+
+def test_a_file_size_limit_names_the_file_and_the_limit(stack, capsys, file_size_limit):
+    """Under ulimit -f, export said `vstack: error: File too large` with no path, and
+    apply "git am ... fatal: Failed to split patches"."""
+    assert stack.run("apply") == 0
+    big = "".join(f"LINE_{i} = {i}\n" for i in range(8000))  # ~100 KiB
+    stack.commit_on_work("vllm/big.py", big,
+                         "[EPLB] Big\n\nA module too big for the limit.\n\nUpstream-Status: pending")  # fmt: skip
+    capsys.readouterr()
+    file_size_limit()
+    assert stack.run("export") == 1
+    line = _one_line(capsys)
+    assert "File too large" in line and "ulimit -f" in line, line
+    assert f"error: {stack.root}/" in line, line  # the file it was writing
+    import resource
+
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, resource.getrlimit(resource.RLIMIT_FSIZE)[1:] * 2
+    )
+    assert stack.run("export") == 0
+    capsys.readouterr()
+    file_size_limit()
+    assert stack.run("apply", "--force") == 1
+    line = _one_line(capsys)
+    assert "the file size limit (ulimit -f) is 65536 bytes" in line, line

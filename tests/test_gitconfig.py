@@ -129,3 +129,63 @@ def test_a_hostile_gitconfig_changes_no_exported_byte(stack, tmp_path, monkeypat
     assert stack.run("export", "--check") == 0
     assert stack.run("build") == 0
     assert (stack.root / "dist" / info["wheel"]).read_bytes() == wheel
+
+
+REPO_LOCAL = """\
+[apply]
+    whitespace = fix
+[core]
+    whitespace = trailing-space,tab-in-indent,cr-at-eol
+    commentChar = %
+[mailinfo]
+    scissors = true
+[am]
+    messageId = true
+[format]
+    attach = boundary
+    notes = true
+    from = Hostile <h@example.com>
+    useAutoBase = true
+    to = list@example.com
+    cc = someone@example.com
+[i18n]
+    commitEncoding = ISO-8859-1
+    logOutputEncoding = ISO-8859-1
+[color]
+    ui = always
+    diff = always
+[rerere]
+    enabled = true
+"""
+
+
+def test_repo_local_config_in_vstack_repo_changes_no_byte(stack):
+    """`git config apply.whitespace fix` (or mailinfo.scissors, format.attach, ...)
+    in .vstack/repo itself: the wheel and the patches stay what the patches say."""
+    assert stack.run("apply") == 0
+    text = (
+        (stack.repo / "vllm/config.py").read_text()
+        if (stack.repo / "vllm/config.py").exists()
+        else ""
+    )
+    msg = (
+        "[EPLB] Trailing spaces\n\nWhy: the spaces are content.\n"
+        "\nUpstream-Status: pending"
+    )
+    stack.commit_on_work("vllm/config.py", text + "X = 1   \n", msg)
+    assert stack.run("export") == 0
+    assert stack.run("build") == 0
+    patches = {p.name: p.read_bytes() for p in (stack.root / "patches").iterdir()}
+    info = json.loads((stack.root / "dist/build.json").read_text())
+    wheel = (stack.root / "dist" / info["wheel"]).read_bytes()
+    with open(stack.repo / ".git/config", "a") as f:
+        f.write(REPO_LOCAL)
+    subprocess.run(["rm", "-rf", str(stack.root / "dist")], check=True)
+    assert stack.run("build") == 0
+    assert (stack.root / "dist" / info["wheel"]).read_bytes() == wheel
+    assert stack.run("apply", "--force") == 0
+    assert stack.run("export", "--check") == 0
+    assert stack.run("export") == 0
+    assert {
+        p.name: p.read_bytes() for p in (stack.root / "patches").iterdir()
+    } == patches

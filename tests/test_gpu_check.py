@@ -138,9 +138,25 @@ def test_gpu_check_bundle_never_replaces_a_foreign_folder(tmp_path):
     keep = tmp_path / "mine"
     keep.mkdir()
     (keep / "notes.txt").write_text("mine")
-    with pytest.raises(VstackError, match="not a gpu-check bundle"):
+    with pytest.raises(VstackError, match="was not made by vstack gpu-check --bundle"):
         make_bundle(load_project(ROOT), keep, log=lambda s: None)
     assert (keep / "notes.txt").read_text() == "mine"
+
+
+def test_gpu_check_bundle_never_replaces_a_folder_it_did_not_make(tmp_path):
+    """A folder holding a manifest.json (anyone's) was rmtree'd: only a folder with
+    the .vstack-out marker (as build --out) is replaced."""
+    from vstack.errors import VstackError
+    from vstack.gpucheck import make_bundle
+
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "manifest.json").write_text("{}")
+    (keep / "notes.txt").write_text("mine")
+    with pytest.raises(VstackError, match="no .vstack-out in it"):
+        make_bundle(load_project(ROOT), keep, log=lambda s: None)
+    assert (keep / "notes.txt").read_text() == "mine"
+    assert (keep / "manifest.json").read_text() == "{}"
 
 
 # --- a real bundle -----------------------------------------------------------------

@@ -162,3 +162,76 @@ def test_imports_vllm_hooks_reject_are_found_in_every_added_line(stack):
         "tests/kernels/helper_utils.py", "vllm/triton_utils/importing.py"
     )
     assert lint_patch("x.patch", text) == []
+
+
+QUOTED_DIFF = (
+    "diff --git a/vllm/b.py b/vllm/b.py\n--- a/vllm/b.py\n+++ b/vllm/b.py\n"
+    "@@ -1 +1 @@\n-B = 1\n+B = 2\n"
+)
+
+
+def test_export_refuses_a_message_git_am_would_cut(stack, capsys):
+    """A '---' line cut the message on apply (design text and Upstream-Status lost);
+    a quoted diff in the message became code in the wheel. Export refuses, naming
+    the commit and the line, and writes nothing."""
+    import pytest
+
+    for body, line in [
+        (
+            "Why it exists, in a sentence or two.\n---\nDesign text after dashes.",
+            "'---'",
+        ),
+        (
+            "Why it exists: this was the old fix:\n\n" + QUOTED_DIFF,
+            "'diff --git a/vllm/b.py",
+        ),
+        (
+            "Why it exists, in a sentence or two.\n\nIndex: vllm/b.py",
+            "'Index: vllm/b.py'",
+        ),
+        ("Why it exists, in a sentence or two.\n--- a/vllm/b.py", "'--- a/vllm/b.py'"),
+        ("Why it exists, in a sentence or two.\n-- >8 --\nmore.", "'-- >8 --'"),
+    ]:
+        before = {p.name: p.read_bytes() for p in (stack.root / "patches").iterdir()}
+        assert stack.run("apply", "--force") == 0
+        msg = f"[EPLB] Add a module\n\n{body}\n\nUpstream-Status: pending"
+        stack.commit_on_work("vllm/new_mod.py", SPDX + "X = 1\n", msg)
+        capsys.readouterr()
+        assert stack.run("export") == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("vstack: error: commit "), err
+        assert "('[EPLB] Add a module')" in err[0] and line in err[0], err[0]
+        assert "would end the message" in err[0]
+        after = {p.name: p.read_bytes() for p in (stack.root / "patches").iterdir()}
+        assert after == before
+    from vstack.message import split_line
+
+    # what git am keeps: not refused
+    for ok in ("----", "--x", " --- indented", "-- not scissors", "a >8 b", "+++x"):
+        assert split_line(f"Subject\n\n{ok}\n") is None, ok
+    with pytest.raises(AssertionError):
+        assert split_line("Subject\n\n--- \n") is None
+
+
+def test_lint_refuses_a_patch_whose_message_git_am_would_cut(stack):
+    patch = _export(stack, "vllm/new_mod.py", SPDX + "X = 1\n", GOOD_MSG)
+    good = patch.read_text()
+    assert _messages(stack) == []
+    why = "The module exists so that the tests have something real to check.\n"
+    for inserted, says in [
+        (
+            "---\nDesign text after dashes.\n",
+            "'Design text after dashes.' follows the '---' line",
+        ),
+        (
+            "Old fix:\n" + QUOTED_DIFF,
+            "'diff --git a/vllm/b.py b/vllm/b.py' in the message is where git am ends it",
+        ),
+        ("-- >8 --\n", "is a scissors line"),
+    ]:
+        patch.write_text(good.replace(why, why + inserted, 1))
+        found = "\n".join(_messages(stack))
+        assert "patches/eplb-add-a-module.patch:" in found and says in found, found
+        assert stack.run("lint") == 1
+    patch.write_text(good)
+    assert _messages(stack) == []

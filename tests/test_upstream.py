@@ -564,6 +564,46 @@ def test_identity_rules():
     assert parse("no email") is None and parse("A <a>") is None
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Ann Lee\n\nCo-authored-by: Nobody\nSigned-off-by: Mallory <mallory@corp.io>",
+        "Ann Lee <ann@corp.io>\nSigned-off-by: Mallory <mallory@corp.io>",
+        "Ann\rLee <ann@corp.io>",
+        "Ann\x1bLee <ann@corp.io>",
+        "Ann Lee <you@domain>",
+        "Full Name <you@domain>",
+        "Your Full Name <a@b.org>",
+        "vLLM-EPLB-Stack <ann@corp.io>",
+        "vllm_eplb_stack <ann@corp.io>",
+        "root <root@localhost.localdomain>",
+        "Ann Lee <root@corp.io>",
+        "test <test@test.com>",
+        "Ann Lee <ann@test.com>",
+        "TODO <todo@corp.io>",
+        "Ann FIXME <ann@corp.io>",
+        "Ann Lee <xxx@corp.io>",
+        "Ann Lee <ann@a@corp.io>",
+        "Ann Lee <ann@domain>",
+    ],
+)
+def test_identity_refuses_injection_and_placeholders(text):
+    """A newline in --signoff added trailer lines of its own to the mbox; vstack's
+    own hint text, the shared author hyphenated, root@localhost.localdomain,
+    test@test.com and TODO were taken as a person."""
+    from vstack.errors import VstackError
+    from vstack.identity import checked, parse, refusal
+
+    ident = parse(text)
+    assert ident is None or refusal(ident), text
+    with pytest.raises(VstackError) as e:
+        checked(text, "--signoff")
+    assert "\n" not in str(e.value) and "\r" not in str(e.value)
+    # a real person stays accepted
+    assert refusal(parse("Ann Lee <ann.lee@corp.io>")) is None
+    assert refusal(parse("Xavier Todorov <x.todorov@corp.io>")) is None
+
+
 def test_bare_signoff_reads_only_name_and_email_from_git_config(stack, capsys, tmp_path, monkeypatch):  # fmt: skip
     _need_ruff()
     slug = _feature_stack(stack)
@@ -672,3 +712,58 @@ def test_all_writes_every_draft_rfc_and_index(stack, capsys):
         "PASS     [rfc] implements the RFC drafted from docs/proto.md"
         in (up / slug / "checks.txt").read_text()
     )
+
+
+def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
+    """upstream --all rmtree'd every folder under upstream/ that no patch makes,
+    uncommitted notes included, saying "its revisions stay in git history"."""
+    _need_ruff()
+    slug = _feature_stack(stack)
+    git(stack.root, "init", "-q")
+    (stack.root / ".gitignore").write_text("/.vstack/\n")
+    assert stack.run("upstream", "--all", "--no-tests") == 0
+    up = stack.root / "upstream"
+    shutil.copytree(up / slug, up / "old-committed")
+    shutil.copytree(up / slug, up / "old-edited")
+    git(stack.root, "add", "-A")
+    git(stack.root, "commit", "-q", "-m", "drafts")
+    (up / "old-edited" / "body.md").write_text("my edits\n")
+    shutil.copytree(up / slug, up / "old-uncommitted")
+    (up / "my-review-notes").mkdir()
+    (up / "my-review-notes" / "notes.md").write_text("mine\n")
+    (up / "empty").mkdir()
+    capsys.readouterr()
+    assert stack.run("upstream", "--all", "--no-tests") == 0
+    out = capsys.readouterr().out
+    assert not (up / "old-committed").exists() and not (up / "empty").exists()
+    assert "removed upstream/old-committed/" in out and "stay in git history" in out
+    assert (up / "my-review-notes" / "notes.md").read_text() == "mine\n"
+    assert (up / "old-edited" / "body.md").read_text() == "my edits\n"
+    assert (up / "old-uncommitted" / "meta.json").is_file()
+    assert "kept upstream/my-review-notes/" in out and "did not write it" in out
+    assert "kept upstream/old-edited/" in out and "not committed in git" in out
+    assert "kept upstream/old-uncommitted/" in out
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ('{"revisions": [{"revision": 1, "di', "is not valid JSON"),
+        ("<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> other\n", "merge conflict markers"),
+        ('{"revisions": 3}', "is not a draft's record"),
+        ("[]", "is not a draft's record"),
+        (b"\xff\xfe", "is not valid JSON"),
+    ],
+)
+def test_a_torn_or_conflicted_meta_json_is_one_line(stack, capsys, data, says):
+    _need_ruff()
+    slug = _feature_stack(stack)
+    assert stack.run("upstream", slug, "--no-tests") == 0
+    meta = stack.root / "upstream" / slug / "meta.json"
+    meta.write_bytes(data if isinstance(data, bytes) else data.encode())
+    capsys.readouterr()
+    assert stack.run("upstream", slug, "--no-tests") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vstack: error: "), err
+    assert str(meta) in err[0] and says in err[0], err[0]
+    assert not list(meta.parent.glob(".*.tmp"))

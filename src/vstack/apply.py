@@ -338,7 +338,7 @@ def apply_one(repo: Path, patch: Path) -> PatchResult:
             gitutil.git(repo, "am", "--abort", check=False)
         raise VstackError(
             f"git am of {patch.name} failed in {repo} for a reason other than a "
-            f"conflict: {why.strip()}"
+            f"conflict: {why.strip()}{gitutil.limit_note(repo, why)}"
         )
     details = rejected_hunks(repo, patch, info) if fails else []
     if not details:

@@ -104,7 +104,15 @@ def import_wheel(repo: Path, wheel: Path, ref: str, sha256: str) -> dict:
         )
         stream, counts = _fast_import_stream(zf, members, ref, message)
     proc = gitutil.run(
-        ["git", "-C", str(repo), "fast-import", "--quiet", "--date-format=raw"],
+        [
+            "git",
+            "-C",
+            str(repo),
+            *gitutil.config_args(),
+            "fast-import",
+            "--quiet",
+            "--date-format=raw",
+        ],
         input=stream,
         capture_output=True,
         env=gitutil.git_env(),

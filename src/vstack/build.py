@@ -15,6 +15,7 @@ import io
 import json
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -322,7 +323,33 @@ def extract_outside(project: Project, out_dir: Path) -> list[str]:
     changes = gitutil.tree_changes(project.repo, base.commit, tip)
     paths = [p for s, p, _ in changes if s != "D" and not p.startswith("vllm/")]
     for path, data in gitutil.read_blobs(project.repo, tip, paths).items():
-        target = out_dir / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        fsutil.write_bytes(out_dir / path, data)
+    return paths
+
+
+def clear_own_folder(folder: Path) -> None:
+    """Everything in an output folder vstack owns, except its ownership marker."""
+    for child in folder.iterdir():
+        if child.name == fsutil.OWN_MARKER:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            fsutil.remove_tree(child)
+        else:
+            fsutil.remove(child)
+
+
+def write_test_files(project: Project, out_dir: Path) -> list[str]:
+    """`vstack test-files --out DIR`: only into a new or empty folder, or one an
+    earlier test-files made (its .vstack-out marker), whose old files it replaces."""
+    what = "vstack test-files"
+    fsutil.own_folder(out_dir, what, create=False)
+    project.cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=project.cache) as tmp:
+        paths = extract_outside(
+            project, Path(tmp)
+        )  # a failure leaves out_dir as it was
+        fsutil.own_folder(out_dir, what)
+        clear_own_folder(out_dir)
+        for path in paths:
+            fsutil.copy_file(Path(tmp) / path, out_dir / path)
     return paths

@@ -80,9 +80,9 @@ def run_build(args):
 
 
 def run_test_files(args):
-    from vstack.build import extract_outside
+    from vstack.build import write_test_files
 
-    paths = extract_outside(_project(args), Path(args.out))
+    paths = write_test_files(_project(args), Path(args.out))
     for p in paths:
         print(p)
     return 0
@@ -433,28 +433,36 @@ def parser() -> argparse.ArgumentParser:
 # at a time per project, each after finishing what an interrupted one left.
 LOCKED_VERBS = (
     "base", "apply", "export", "build", "test-files", "rebase", "check", "upstream",
-    "bench",
+    "bench", "lint", "gpu-check",
 )  # fmt: skip
 
 
 def _locked(args) -> bool:
+    if args.verb == "gpu-check" and args.list:
+        return False  # names the checks; needs no project
     return args.verb in LOCKED_VERBS or (args.verb == "pin" and args.submodule)
 
 
 def _run(args) -> int:
     if not _locked(args):
         return args.func(args)
+    with locked(_project(args), args.verb):
+        return args.func(args)
+
+
+@contextlib.contextmanager
+def locked(project, verb: str):
+    """The project lock, and the recovery every command that writes runs first."""
     from vstack import journal, locks
 
-    project = _project(args)
-    with locks.project_lock(project.root, args.verb):
+    with locks.project_lock(project.root, verb):
         locks.recover(project.cache, project.repo)
         journal.recover(
             project.root,
             project.cache,
             lambda s: print(f"vstack: {s}", file=sys.stderr),
         )
-        return args.func(args)
+        yield
 
 
 def _os_error(e: OSError) -> str:
@@ -469,6 +477,9 @@ def _os_error(e: OSError) -> str:
         errno.ENOSPC: " (the disk is full: free some space and rerun; what was "
         "interrupted is finished or undone by the next vstack command)",
         errno.EDQUOT: " (disk quota exceeded)",
+        errno.EFBIG: " (the file size limit stops the write: raise it, ulimit -f, "
+        "and rerun; what was interrupted is finished or undone by the next vstack "
+        "command)",
         errno.EROFS: cannot,
         errno.EACCES: cannot,
         errno.EPERM: cannot,

@@ -82,10 +82,38 @@ class Project:
 _REQUIRED = ("version", "commit", "image")
 
 
+_STRING_KEYS = {
+    "stack": ("label",),
+    "base": ("version", "commit", "wheel", "sha256", "image", "image_digest",
+             "wheel_index", "wheel_variant"),
+}  # fmt: skip
+
+
+def wrong_type(data: dict) -> str | None:
+    """The first table or key of a parsed stack.toml that has the wrong type, as
+    "[table] key is a <type>, not a string", or None."""
+    for table, keys in _STRING_KEYS.items():
+        t = data.get(table)
+        if t is None:
+            continue
+        if not isinstance(t, dict):
+            return f"[{table}] is a {type(t).__name__}, not a table"
+        for key in keys:
+            if key in t and not isinstance(t[key], str):
+                return (
+                    f"[{table}] {key} is a {type(t[key]).__name__}, not a string "
+                    f'(put the value in double quotes: {key} = "...")'
+                )
+    return None
+
+
 def parse_pin(data: dict, where: str) -> Pin:
     base = data.get("base")
     if not isinstance(base, dict):
         raise VstackError(f"{where}: missing [base] table")
+    bad = wrong_type(data)
+    if bad:
+        raise VstackError(f"{where}: {bad}")
     missing = [k for k in _REQUIRED if not base.get(k)]
     if missing:
         raise VstackError(f"{where}: [base] lacks {', '.join(missing)}")
@@ -113,9 +141,20 @@ def load_project(root: Path | None = None) -> Project:
     root = find_root(root)
     path = root / STACK_TOML
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise VstackError(
+            f"{path}: line {line} is not UTF-8 (byte {e.object[e.start]:#04x}); "
+            f"TOML files are UTF-8: save it so"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise VstackError(f"{path}: {e}") from None
+    except OSError as e:
+        raise VstackError(f"cannot read {path}: {e.strerror or e}") from None
+    bad = wrong_type(data)
+    if bad:
+        raise VstackError(f"{path}: {bad}")
     label = data.get("stack", {}).get("label", "stack")
     if not re.fullmatch(r"[a-z][a-z0-9]*", label):
         raise VstackError(f"{path}: [stack] label must be lowercase alphanumeric")

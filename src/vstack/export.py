@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from vstack import fsutil, gitutil, journal, synced
+from vstack import fsutil, gitutil, journal, message, synced
 from vstack.base import WORK_BRANCH, Base, ensure_base
 from vstack.config import Project
 from vstack.errors import VstackError
@@ -53,6 +53,7 @@ def render(repo: Path, base: str, tip: str) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     order = []
     for sha in commits_between(repo, base, tip):
+        message.check_commit(repo, sha, WORK_BRANCH)  # git am would cut its message
         text = gitutil.git(repo, *FORMAT_PATCH, "-1", sha, text=False).stdout
         if not text.strip():
             raise _refuse_commit(

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vstack import settings
 from vstack.errors import VstackError
 
 
@@ -71,16 +72,7 @@ DOWNLOAD_TIMEOUT_S = 60
 
 
 def download_timeout() -> float:
-    raw = os.environ.get("VSTACK_DOWNLOAD_TIMEOUT", "")
-    if not raw:
-        return DOWNLOAD_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise VstackError(f"VSTACK_DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds")
-    return value
+    return settings.env_seconds("VSTACK_DOWNLOAD_TIMEOUT", DOWNLOAD_TIMEOUT_S)
 
 
 def _network_reason(lines: list[str], timeout: float) -> str | None:

@@ -17,6 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
+from vstack import oserrors
 from vstack.errors import VstackError
 
 # Folders `build --out` and `scripts/drift --out` create hold this file: a later run
@@ -33,7 +34,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
     try:
-        with open(tmp, "wb") as f:
+        with oserrors.naming(path), open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -35,12 +35,45 @@ _PINNED_CONFIG = [
     # commit, and so the wheel, as the patch says (git am strips it otherwise).
     "am.keepcr=true",
     "advice.detachedHead=false",
+    # A repository's own .git/config (`git config apply.whitespace fix` in
+    # .vstack/repo) is read too: pin what would change the commits git am makes, the
+    # message it keeps, the bytes format-patch writes, or the output vstack parses.
+    "apply.whitespace=warn",
+    "apply.ignoreWhitespace=no",
+    "core.whitespace=blank-at-eol,space-before-tab,blank-at-eof",
+    "core.commentChar=#",
+    "core.eol=lf",
+    "mailinfo.scissors=false",
+    "am.messageId=false",
+    "format.notes=false",
+    "format.from=false",
+    "format.useAutoBase=false",
+    "format.signOff=false",
+    "format.forceInBodyFrom=false",
+    "format.encodeEmailHeaders=true",
+    "format.thread=false",
+    "format.subjectPrefix=PATCH",
+    "format.suffix=.patch",
+    "i18n.commitEncoding=UTF-8",
+    "i18n.logOutputEncoding=UTF-8",
+    "color.ui=never",
+    "color.diff=never",
+    "color.status=never",
+    "color.branch=never",
+    "log.showSignature=false",
+    "merge.conflictStyle=merge",
+    "rerere.enabled=false",
+    "commit.cleanup=default",
     "gc.auto=0",
     "core.hooksPath=/dev/null",
     # Read even without a global config file: ~/.config/git/{attributes,ignore}.
     f"core.attributesFile={os.devnull}",
     f"core.excludesFile={os.devnull}",
 ]
+
+# Settings that `-c` cannot reset (format.to and format.cc add to a list, an empty
+# format.attach is not "off" in every git): the command's own --no-* flags do.
+_COMMAND_FLAGS = {"format-patch": ["--no-to", "--no-cc", "--no-attach", "--no-notes"]}
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "vstack",
@@ -105,6 +138,16 @@ def git_env(
     return env
 
 
+def config_args() -> list[str]:
+    """The -c options every git call vstack makes carries (see _PINNED_CONFIG)."""
+    args = []
+    for c in _PINNED_CONFIG:
+        args += ["-c", c]
+    for d in _user_safe_directories():
+        args += ["-c", f"safe.directory={d}"]
+    return args
+
+
 def git(
     repo: Path | str,
     *args: str,
@@ -113,12 +156,12 @@ def git(
     env: dict[str, str] | None = None,
     text: bool = True,
 ) -> subprocess.CompletedProcess:
-    cmd = ["git", "-C", str(repo)]
-    for c in _PINNED_CONFIG:
-        cmd += ["-c", c]
-    for d in _user_safe_directories():
-        cmd += ["-c", f"safe.directory={d}"]
-    cmd += list(args)
+    cmd = ["git", "-C", str(repo), *config_args()]
+    cmd += (
+        list(args[:1])
+        + _COMMAND_FLAGS.get(args[0] if args else "", [])
+        + list(args[1:])
+    )
     if isinstance(input, str) and not text:
         input = input.encode()
     proc = run(
@@ -139,12 +182,36 @@ def git(
                 f"is running there, or one was killed (rerun vstack: it removes a lock "
                 f"that no process holds)"
             )
-        raise VstackError(
-            f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
-            if err.strip()
-            else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
+        raise (
+            VstackError(
+                f"git {' '.join(args[:3])} failed in {repo}: {err.strip().splitlines()[-1:] or ['?']}"
+                if err.strip()
+                else f"git {' '.join(args[:3])} failed in {repo} (exit {proc.returncode})"
+            )
+            if not limit_hit(repo, err)
+            else VstackError(
+                f"git {' '.join(args[:3])} could not write in {repo}: {limit_hit(repo, err)}: "
+                f"free space or raise the limit and rerun"
+            )
         )
     return proc
+
+
+def limit_hit(repo: Path | str, stderr: str) -> str:
+    """A full disk or a file size limit, when git's failure looks like a failed
+    write ("Failed to split patches", "No space left", "File too large"); or ""."""
+    if not re.search(r"Failed to split patches|No space left|File too large|"
+                     r"short write|unable to write", stderr):  # fmt: skip
+        return ""
+    from vstack.oserrors import write_limit_hint
+
+    return write_limit_hint(repo)
+
+
+def limit_note(repo: Path | str, stderr: str) -> str:
+    """limit_hit as a parenthesis to end an error message with, or ""."""
+    hit = limit_hit(repo, stderr)
+    return f" ({hit}: free space or raise the limit, then rerun)" if hit else ""
 
 
 def held_lock(stderr: str) -> str | None:

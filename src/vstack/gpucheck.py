@@ -21,8 +21,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+from vstack import fsutil
 from vstack.base import pinned_wheel
-from vstack.build import build, extract_outside
+from vstack.build import build, clear_own_folder, extract_outside
 from vstack.config import Project, load_project
 from vstack.errors import VstackError
 
@@ -113,17 +114,20 @@ def write_vllm_zip(wheel: Path, out: Path) -> list[str]:
     return sorted(extensions)
 
 
+WHAT = "vstack gpu-check --bundle"
+
+
 def make_bundle(project: Project, out: Path, log=None) -> dict:
     """Build the patched wheel (scripts/build) and write the bundle to `out`."""
     log = log or (lambda s: print(s, file=sys.stderr))
-    if out.exists() and not (out / "manifest.json").is_file():
-        raise VstackError(
-            f"{out} exists and is not a gpu-check bundle; not touching it"
-        )
+    # The folder's old content is removed: only a folder this command made (the
+    # .vstack-out marker, as for build --out) or its own default under .vstack/.
+    default = out.resolve() == (project.cache / "gpu-check" / "bundle").resolve()
+    fsutil.own_folder(out, WHAT, default, create=False)
     info = build(project, log=log)
     wheel = project.dist / info["wheel"]
-    if out.exists():
-        shutil.rmtree(out)
+    fsutil.own_folder(out, WHAT, default)
+    clear_own_folder(out)
     (out / "site").mkdir(parents=True)
     log(f"vstack: gpu-check bundle in {out} ...")
     extensions = write_vllm_zip(wheel, out / "vllm.zip")
@@ -233,8 +237,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="results file (default benchmarks/results/...)")
     args, rest = ap.parse_known_args(argv)
     try:
-        return run_multi(load_project(Path(args.root)), args.python, rest,
-                         Path(args.out) if args.out else None)  # fmt: skip
+        from vstack.cli import locked
+
+        project = load_project(Path(args.root))
+        with locked(project, "gpu-check"):
+            return run_multi(project, args.python, rest,
+                             Path(args.out) if args.out else None)  # fmt: skip
     except VstackError as e:
         print(f"vstack: error: {e}", file=sys.stderr)
         return 1

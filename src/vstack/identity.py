@@ -34,8 +34,17 @@ _BOT_NAMES = (
 )
 _PLACEHOLDER_NAMES = (
     "name", "your name", "full name", "real name", "first last", "firstname lastname",
-    "john doe", "jane doe", "user", "unknown",
+    "john doe", "jane doe", "user", "unknown", "your full name", "your real name",
+    "first name last name", "name surname", "test", "test user", "root", "admin",
 )  # fmt: skip
+# Addresses that are a template's or a default installation's, not a person's:
+# vstack's own hint "<you@domain>", test@test.com, root@<host>.
+_PLACEHOLDER_LOCALS = ("you", "your", "yourname", "your.name", "your-name", "your_name",
+                       "email", "your.email", "youremail", "root", "test", "user")  # fmt: skip
+_PLACEHOLDER_EXACT_DOMAINS = ("domain", "domain.com", "test.com", "email.com",
+                              "mail.com", "localdomain", "yourdomain.com", "company.com")  # fmt: skip
+_TODO = re.compile(r"(^|[^a-z0-9])(todo|fixme|tbd|changeme|xx+)([^a-z0-9]|$)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +64,10 @@ class Identity:
 
 
 def parse(text: str) -> Identity | None:
+    """ "Name <email>" with one @ and no newline or control character (a newline
+    would let a name add trailer lines of its own to the message)."""
+    if _CONTROL.search(text or ""):
+        return None
     m = _IDENT.match(text or "")
     return Identity(m.group("name").strip(), m.group("email")) if m else None
 
@@ -63,7 +76,10 @@ def refusal(ident: Identity) -> str | None:
     """Why this identity cannot sign off (a bot, a tool, a placeholder), or None."""
     email = ident.email.lower()
     local, _, domain = email.partition("@")
-    name = " ".join(ident.name.lower().split())
+    # "vLLM-EPLB-Stack", "vllm_eplb_stack": any spelling of a listed name
+    name = " ".join(re.sub(r"[-_.]+", " ", ident.name.lower()).split())
+    if _TODO.search(ident.name.lower()) or _TODO.search(email):
+        return f"'{ident}' holds a placeholder (TODO, FIXME, xxx)"
     if name in _BOT_NAMES or "[bot]" in name or re.search(r"(^|[\s-])bot$", name):
         return f"'{ident.name}' is a bot or tool, not a person"
     if name in _PLACEHOLDER_NAMES:
@@ -73,7 +89,13 @@ def refusal(ident: Identity) -> str | None:
         or local in _NOBODY
     ):
         return f"<{ident.email}> is a no-reply or shared address, not a person's"
-    if domain in _PLACEHOLDER_DOMAINS or domain.endswith(_PLACEHOLDER_TLDS):
+    if local in _PLACEHOLDER_LOCALS:
+        return f"<{ident.email}> is a placeholder or default address, not a person's"
+    if (
+        domain in _PLACEHOLDER_DOMAINS
+        or domain in _PLACEHOLDER_EXACT_DOMAINS
+        or domain.endswith(_PLACEHOLDER_TLDS + (".localdomain",))
+    ):
         return f"<{ident.email}> is a placeholder address ({domain})"
     return None
 
@@ -83,7 +105,8 @@ def checked(text: str, source: str) -> Identity:
     ident = parse(text)
     if ident is None:
         raise VstackError(
-            f"{source}: '{text}' is not an identity: give \"Full Name <you@domain>\""
+            f'{source}: {text!r} is not an identity: give your own "Full Name '
+            f'<address>" on one line, with one @'
         )
     why = refusal(ident)
     if why:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vstack import identity, records
 from vstack.config import Project
+from vstack.message import patch_file_problem
 from vstack.series import parse_patch, patch_problems, read_series, read_series_entries
 
 UPSTREAM_STATUSES = (
@@ -167,6 +168,10 @@ def lint_patch(
                 f"Upstream-Status: {status[0]} needs an Upstream-PR: trailer",
             )
         )
+    found += [
+        Finding(f"{where}:{n}", what)
+        for n, what in filter(None, [patch_file_problem(text)])
+    ]
     if signoffs:
         found += signoff_findings(where, info.trailers.get("Signed-off-by", []))
     lines_by_file: dict[str, list[tuple[int, int, str]]] = {}

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vstack import gitutil
+from vstack import gitutil, settings
 from vstack.config import Project
 from vstack.errors import VstackError
 
@@ -98,7 +98,7 @@ def run_on_commit(
     ]
     if not files:
         return []
-    timeout = float(os.environ.get("VSTACK_PRE_COMMIT_TIMEOUT") or 1800)
+    timeout = settings.env_seconds("VSTACK_PRE_COMMIT_TIMEOUT", 1800)
     with gitutil.temp_worktree(repo, commit, project.cache) as tree:
         gitutil.git(tree, "reset", "-q", "--soft", parent)
         try:

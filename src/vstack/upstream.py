@@ -30,7 +30,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from vstack import gitutil, identity
+from vstack import fsutil, gitutil, identity, settings
 from vstack.apply import apply_patches
 from vstack.base import (
     Base,
@@ -64,7 +64,7 @@ TITLE_TAGS = re.compile(r"^(\[[^\]\s][^\]]*\])+ \S")
 RFC_LINES = 500
 RFC_EXEMPT = ("tests/", "csrc/", "vllm/config/", "benchmarks/")
 CPU_ENV = "TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu"
-TEST_TIMEOUT = float(os.environ.get("VSTACK_UPSTREAM_TEST_TIMEOUT") or 1800)
+TEST_TIMEOUT_S = 1800  # VSTACK_UPSTREAM_TEST_TIMEOUT overrides it, read when used
 OUTGOING = "outgoing"
 
 
@@ -770,10 +770,11 @@ def make_draft(stack: Stack, i: int, python: Path | None, run_tests: bool,
     else:
         from vstack.check import check_prefix, tests_at
 
+        timeout = settings.env_seconds("VSTACK_UPSTREAM_TEST_TIMEOUT", TEST_TIMEOUT_S)
         print(f"  tests on {where} + this PR: {' '.join(tests)} ...")
         runs: list = []
         problems = check_prefix(repo, start, tip, tests, python, log=lambda s: None,
-                                stop_first=False, timeout=TEST_TIMEOUT, runs=runs)  # fmt: skip
+                                stop_first=False, timeout=timeout, runs=runs)  # fmt: skip
         test_run = runs[0] if runs else None
         if problems:
             checks += [
@@ -785,7 +786,7 @@ def make_draft(stack: Stack, i: int, python: Path | None, run_tests: bool,
             if "[Bugfix]" in title:
                 repro_run = tests_at(repo, start, tests, python,
                                      overlay=(tip, _test_files(info)),
-                                     stop_first=False, timeout=TEST_TIMEOUT)  # fmt: skip
+                                     stop_first=False, timeout=timeout)  # fmt: skip
                 if repro_run.ok:
                     checks.append(Check("reproduces", "", f"the tests pass on {where} "
                                         f"without the fix ({repro_run.summary}): they do not "
@@ -942,9 +943,35 @@ def _legacy_source(root: Path, rel: str, digest: str) -> dict | None:
     return None
 
 
+def parse_meta(data: bytes, path: Path) -> dict:
+    """A draft's meta.json, or one error naming it (torn by a kill, a merge
+    conflict's markers, a hand edit)."""
+    fix = (f"restore it from git (git checkout -- {path}) or, to start the draft's "
+           f"revisions over, remove it")  # fmt: skip
+    try:
+        meta = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        conflict = b"\n<<<<<<< " in b"\n" + data
+        what = (
+            "holds git merge conflict markers"
+            if conflict
+            else f"is not valid JSON ({e})"
+        )
+        raise VstackError(f"{path} {what}: {fix}") from None
+    revs = meta.get("revisions") if isinstance(meta, dict) else None
+    if not isinstance(revs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("revision"), int)
+        and isinstance(r.get("digest"), str) for r in revs
+    ):  # fmt: skip
+        raise VstackError(
+            f"{path} is not a draft's record (a list of revisions): {fix}"
+        )
+    return meta
+
+
 def load_meta(project: Project, slug: str) -> dict:
     path = project.root / "upstream" / slug / "meta.json"
-    meta = json.loads(path.read_text()) if path.is_file() else {"revisions": []}
+    meta = parse_meta(path.read_bytes(), path) if path.is_file() else {"revisions": []}
     for rev in meta["revisions"]:
         if "patches" in rev or "legacy_mbox" in rev:
             continue
@@ -1058,7 +1085,7 @@ def record_revision(stack: Stack, d: Draft) -> tuple[int, str | None]:
     gitutil.git(repo, "update-ref", _rev_ref(d.slug, n, "start"), d.start)
     out = project.root / "upstream" / d.slug
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    fsutil.write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return n, rd
 
 
@@ -1067,13 +1094,15 @@ def write_draft(stack: Stack, d: Draft, range_text: str | None) -> Path:
     keep = {f"v{d.revision}.mbox", f"range-diff-v{d.revision - 1}-v{d.revision}.txt"}
     for old in [*out.glob("v*.mbox"), *out.glob("range-diff-*.txt")]:
         if old.name not in keep:
-            old.unlink()
-    (out / f"v{d.revision}.mbox").write_bytes(d.mbox)
+            fsutil.remove(old)
+    fsutil.write_bytes(out / f"v{d.revision}.mbox", d.mbox)
     if range_text is not None:
-        (out / f"range-diff-v{d.revision - 1}-v{d.revision}.txt").write_text(range_text)
-    (out / "title.txt").write_text(d.title + "\n")
-    (out / "body.md").write_text(render_body(stack, d))
-    (out / "checks.txt").write_text(render_checks(stack, d))
+        fsutil.write_text(
+            out / f"range-diff-v{d.revision - 1}-v{d.revision}.txt", range_text
+        )
+    fsutil.write_text(out / "title.txt", d.title + "\n")
+    fsutil.write_text(out / "body.md", render_body(stack, d))
+    fsutil.write_text(out / "checks.txt", render_checks(stack, d))
     return out
 
 
@@ -1173,8 +1202,8 @@ def write_rfcs(stack: Stack, drafts: dict[int, Draft]) -> list[str]:
         title, body = render_rfc(doc, path.read_text(), prs)
         out = stack.project.root / "upstream" / slug
         out.mkdir(parents=True, exist_ok=True)
-        (out / "title.txt").write_text(title + "\n")
-        (out / "issue.md").write_text(body)
+        fsutil.write_text(out / "title.txt", title + "\n")
+        fsutil.write_text(out / "issue.md", body)
         notes.append(
             f"RFC issue draft upstream/{slug}/ from {doc} ({len(prs)} implementation PR(s))"
         )
@@ -1191,9 +1220,11 @@ def _sendable(stack: Stack, d: Draft, signed: list[str], signer: Identity) -> Pa
     out = stack.project.cache / OUTGOING / d.slug
     out.mkdir(parents=True, exist_ok=True)
     mbox = out / f"v{d.revision}.mbox"
-    mbox.write_bytes(format_mbox(repo, start, signed[-1]))
+    fsutil.write_bytes(mbox, format_mbox(repo, start, signed[-1]))
     dco = dco_check(repo, signed[len(d.chain) :], "")
-    (out / "checks.txt").write_text(f"{dco.status:<8} {dco}\nsigned off by: {signer}\n")
+    fsutil.write_text(
+        out / "checks.txt", f"{dco.status:<8} {dco}\nsigned off by: {signer}\n"
+    )
     if dco.status == "FAIL":
         raise VstackError(
             f"{d.slug}: signed as {signer}, the DCO check still fails: {dco.message}"
@@ -1282,7 +1313,49 @@ def write_index(stack: Stack, drafts: list[Draft], notes: list[str]) -> None:
             f"| {k} | `{d.slug}` | {d.revision} | {d.non_test} | {deps} | {tests} | {status} |"
         )
     lines += ["", *[f"- {n}" for n in notes], ""]
-    (stack.project.root / "upstream" / "index.md").write_text("\n".join(lines))
+    fsutil.write_text(stack.project.root / "upstream" / "index.md", "\n".join(lines))
+
+
+def stale_draft_verdict(
+    has_own_files: bool, tracked: list[str], changed: list[str], git_error: str | None
+) -> str | None:
+    """None when a draft folder no patch makes any more may be removed (vstack
+    upstream wrote it and git holds every file of it as it is), else why not."""
+    if not has_own_files:
+        return "it holds no meta.json or issue.md: vstack upstream did not write it"
+    if git_error:
+        return f"git cannot tell whether it is committed ({git_error})"
+    if changed:
+        shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
+        return f"it holds files not committed in git ({shown})"
+    if not tracked:
+        return "it is not committed in git"
+    return None
+
+
+def remove_stale_draft(root: Path, folder: Path) -> str:
+    """Remove a draft folder the series no longer makes, only when nothing is lost;
+    else keep it. The note to print either way."""
+    rel = folder.relative_to(root).as_posix()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+        return f"removed upstream/{folder.name}/: empty, and no patch of the series makes it"
+    status = gitutil.git(root, "status", "--porcelain", "--untracked-files=all",
+                         "--ignored", "--", rel, check=False)  # fmt: skip
+    tracked = gitutil.git(root, "ls-files", "--", rel, check=False)
+    err = (status.stderr.strip().splitlines() or ["not a git repository"])[-1]
+    why = stale_draft_verdict(
+        (folder / "meta.json").is_file() or (folder / "issue.md").is_file(),
+        tracked.stdout.split(),
+        [ln[3:] for ln in status.stdout.splitlines()],
+        err if status.returncode or tracked.returncode else None,
+    )
+    if why:
+        return (f"kept upstream/{folder.name}/: no patch of the series makes it any "
+                f"more, but {why}; remove it yourself once you no longer need it")  # fmt: skip
+    fsutil.remove_tree(folder)
+    return (f"removed upstream/{folder.name}/: no patch of the series makes it any "
+            f"more (its files are committed: they stay in git history)")  # fmt: skip
 
 
 def cmd_upstream(project: Project, patch_name: str | None, git_path: str | None,
@@ -1309,9 +1382,7 @@ def cmd_upstream(project: Project, patch_name: str | None, git_path: str | None,
         }
         for folder in sorted((project.root / "upstream").iterdir()):
             if folder.is_dir() and folder.name not in keep:
-                shutil.rmtree(folder)
-                notes.append(f"removed upstream/{folder.name}/: no patch of the series "
-                             f"makes it any more (its revisions stay in git history)")  # fmt: skip
+                notes.append(remove_stale_draft(project.root, folder))
         write_index(stack, drafts, notes)
         for n in notes:
             print(f"vstack upstream: {n}")
@@ -1338,7 +1409,7 @@ def cmd_revision(
     out = project.cache / OUTGOING / slug
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"v{n}.mbox"
-    path.write_bytes(mbox)
+    fsutil.write_bytes(path, mbox)
     how = f"signed off by {signer}" if signer else "as recorded"
     print(f"vstack upstream: revision {n} of {slug} regenerated: {path} ({how})")
     return 0
