@@ -6,7 +6,7 @@ kernel of the pinned base compiled in the same run.
 What to compile comes from the series itself (aot_support.series_kernels: the
 jit functions that differ between the installed patched vLLM and the pinned
 wheel, and the kernels that call them) and from launching vLLM's own wrappers
-(aot_drivers, aot_worker). The table is printed (pytest -s) and written to
+(aot_drivers, aot_worker). The table is printed (pytest -s); `VSTACK_AOT_RECORD=1` also writes it to
 benchmarks/results/aot-registers.json. `VSTACK_AOT_FULL=1` compiles the full
 product of the variant axes instead of the all-pairs sample.
 
@@ -90,8 +90,11 @@ def aot(tmp_path_factory):
     table = format_table(rows)
     print(f"\nAOT registers, vLLM {version} vs stock {pin.version}, "
           f"triton {results['patched']['triton']}:\n{table}")  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    # A test run leaves the checkout as it found it: the recorded table is
+    # rewritten only on request.
+    results_file = RESULTS if os.environ.get("VSTACK_AOT_RECORD") == "1" else (
+        out / RESULTS.name)  # fmt: skip
+    results_file.write_text(json.dumps({
         "what": "ptxas -v figures of the Triton kernels the series adds or changes, "
         "per launch variant, patched vs stock (tests/test_aot_kernels.py)",
         "vllm": version, "base": pin.version, "triton": results["patched"]["triton"],
