@@ -231,16 +231,41 @@ def test_2_giving_up_an_interrupted_export_loses_no_commit(three, capsys):
     assert git(three.repo, "rev-parse", "work").strip() == c
 
 
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
 def test_tmp_litter_of_a_killed_write_is_swept(three):
+    dead = _dead_pid()
     litter = [
-        three.root / "patches/.eplb-x.patch.4242.tmp",
-        three.root / ".vstack/.synced.json.4242.tmp",
-        three.root / ".stack.toml.4242.tmp",
+        three.root / f"patches/.eplb-x.patch.{dead}.tmp",
+        three.root / f".vstack/.synced.json.{dead}.tmp",
+        three.root / f".stack.toml.{dead}.tmp",
     ]
     for p in litter:
         p.write_text("half")
     assert three.run("export") == 0
     assert not [p for p in litter if p.exists()]
+
+
+def test_tmp_sweep_keeps_the_users_own_tmp_files(three):
+    """The sweep deleted every .*.tmp in the project and patches/: a user's
+    .notes.tmp went without a word. Only .NAME.<pid>.tmp of a dead pid goes."""
+    kept = [
+        three.root / ".notes.tmp",
+        three.root / "patches/.draft.tmp",
+        three.root / ".stack.toml.swp.tmp",
+        three.root / f".stack.toml.{os.getpid()}.tmp",  # a live process's write
+    ]
+    for p in kept:
+        p.write_text("mine")
+    assert three.run("lint") in (0, 1)
+    assert three.run("export") == 0
+    assert [p.read_text() for p in kept] == ["mine"] * len(kept)
 
 
 # ---------------------------------------------------------------- 19
