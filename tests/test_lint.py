@@ -73,7 +73,7 @@ def test_signoff_is_not_needed_but_must_be_a_persons(stack):
     text = patch.read_text()
     for who, why in [
         ("Ann <ann@example.com>", "placeholder address"),
-        ("CI Bot <ci@lee.dev>", "is a bot or tool"),
+        ("ci-runner[bot] <ci@lee.dev>", "is a bot or tool"),
         ("Ann <noreply@lee.dev>", "no-reply"),
         ("someone", "not 'Name <email>'"),
     ]:
