@@ -396,3 +396,26 @@ def test_a_conflict_in_a_non_ascii_file_name_is_resolved_by_continue(three, caps
     (three.repo / name).write_text(_lines({5: "line 5 ours"}))
     assert three.run("apply", "--continue") == 0
     assert "line 5 ours" in git(three.repo, "show", f"work:{name}")
+
+
+def test_advice_on_a_checked_out_backup_picks_only_the_users_commits(three, capsys):
+    """After apply --force, checking out its backup ref to look at it got the
+    advice `cherry-pick work..<backup>`: the whole old series, every patch again.
+    Only the commits whose change work lacks are named."""
+    mine = _mine(three, "vllm/a.py")
+    p = three.root / "patches/eplb-edit-b.patch"
+    p.write_text(
+        p.read_text().replace("Our change to b.", "Our change to b, reworded.")
+    )
+    assert three.run("apply", "--force") == 0
+    backup = git(three.repo, "for-each-ref", "--format=%(refname)",
+                 "refs/vstack/backup/").split()[0]  # fmt: skip
+    git(three.repo, "checkout", "-q", "--detach", backup)
+    capsys.readouterr()
+    assert three.run("export") == 1
+    line = _error(capsys)
+    pick = line.split("cherry-pick ")[1].split("`")[0].split()
+    assert pick == [mine[:12]], line
+    git(three.repo, "checkout", "-q", "work")
+    git(three.repo, "cherry-pick", *pick)
+    assert three.run("export") == 0

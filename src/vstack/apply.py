@@ -94,13 +94,17 @@ def require_on_work(repo: Path, verb: str, strict: bool = False) -> None:
     if not strict and descends(repo, head, work):
         return  # a commit the branch has: nothing of HEAD's is left out
     where = f"branch '{ref.removeprefix('refs/heads/')}'" if ref else "a detached HEAD"
-    own = gitutil.out(repo, "rev-list", f"{work}..{head}").split()
+    # Only the commits whose change the branch has under no commit: HEAD may be a
+    # backup ref of an older build of the series, whose patches are on the branch.
+    cherry = gitutil.out(repo, "cherry", work, head).splitlines()
+    own = [ln.split()[1] for ln in cherry if ln.startswith("+ ")]
     keep = (
-        f" ({len(own)} commit(s) that '{WORK_BRANCH}' lacks): to keep them, "
+        f" ({len(own)} commit(s) whose change '{WORK_BRANCH}' lacks): to keep them, "
         f"`git -C {repo} checkout {WORK_BRANCH} && git -C {repo} cherry-pick "
-        f"{work[:12]}..{head[:12]}`, then rerun"
+        f"{' '.join(c[:12] for c in own)}`, then rerun"
         if own
-        else f": `git -C {repo} checkout {WORK_BRANCH}`, then rerun"
+        else f" (its changes are all on '{WORK_BRANCH}' already): `git -C {repo} "
+        f"checkout {WORK_BRANCH}`, then rerun"
     )
     raise VstackError(
         f"HEAD of {repo} is {where} at {head[:12]}, not branch '{WORK_BRANCH}', the "
