@@ -467,3 +467,47 @@ def test_resolution_commits_are_the_same_whenever_they_are_made(stack, tmp_path)
     a = git(stack.repo, "rev-parse", "work").strip()
     b = git(copy / ".vstack/repo", "rev-parse", "work").strip()
     assert a == b
+
+
+@pytest.mark.parametrize("amend", ["whitespace", "message"])
+def test_an_amend_patch_id_cannot_see_is_not_taken_for_the_series(
+    stack, capsys, monkeypatch, amend
+):
+    """apply interrupted after its first patch; the user amends that commit with a
+    whitespace-only fix or a new message. git patch-id sees no change, so plain
+    `vstack apply` rebuilt the branch with no refusal and no backup ref."""
+    import vstack.apply as A
+
+    _three(stack)
+    orig, n = A.apply_one, [0]
+
+    def stop_at_second(repo, patch):
+        n[0] += 1
+        if n[0] == 2:
+            raise KeyboardInterrupt
+        return orig(repo, patch)
+
+    monkeypatch.setattr(A, "apply_one", stop_at_second)
+    assert stack.run("apply", "--force") == 130
+    monkeypatch.setattr(A, "apply_one", orig)
+    if amend == "whitespace":
+        diff = git(stack.repo, "show", "--format=", "-U0", "HEAD")
+        path = next(ln[6:] for ln in diff.splitlines() if ln.startswith("+++ b/"))
+        added = next(
+            ln[1:] for ln in diff.splitlines() if ln[:1] == "+" and ln[:4] != "+++ "
+        )
+        f = stack.repo / path
+        f.write_text(f.read_text().replace(added + "\n", added + "   \n", 1))
+        git(stack.repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    else:
+        msg = git(stack.repo, "log", "-1", "--format=%B", "HEAD")
+        git(stack.repo, "commit", "-q", "--amend", "-m",
+            msg.replace("\n\n", "\n\nA better description.\n\n", 1))  # fmt: skip
+    mine = git(stack.repo, "rev-parse", "HEAD").strip()
+    capsys.readouterr()
+    assert stack.run("apply") == 1
+    assert mine[:12] in _error(capsys)
+    assert git(stack.repo, "rev-parse", "work").strip() == mine
+    assert stack.run("apply", "--force") == 0
+    assert "old work branch kept as" in capsys.readouterr().out
+    assert git(stack.repo, "for-each-ref", "--contains", mine).strip()

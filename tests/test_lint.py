@@ -73,7 +73,7 @@ def test_signoff_is_not_needed_but_must_be_a_persons(stack):
     text = patch.read_text()
     for who, why in [
         ("Ann <ann@example.com>", "placeholder address"),
-        ("CI Bot <ci@lee.dev>", "is a bot or tool"),
+        ("ci-runner[bot] <ci@lee.dev>", "is a bot or tool"),
         ("Ann <noreply@lee.dev>", "no-reply"),
         ("someone", "not 'Name <email>'"),
     ]:
@@ -190,7 +190,7 @@ def test_export_refuses_a_message_git_am_would_cut(stack, capsys):
             "'Index: vllm/b.py'",
         ),
         ("Why it exists, in a sentence or two.\n--- a/vllm/b.py", "'--- a/vllm/b.py'"),
-        ("Why it exists, in a sentence or two.\n-- >8 --\nmore.", "'-- >8 --'"),
+        ("From: the design doc <d@vllm.invalid>\n\nWhy.", "'From: the design doc"),
     ]:
         before = {p.name: p.read_bytes() for p in (stack.root / "patches").iterdir()}
         assert stack.run("apply", "--force") == 0
@@ -201,13 +201,14 @@ def test_export_refuses_a_message_git_am_would_cut(stack, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("vstack: error: commit "), err
         assert "('[EPLB] Add a module')" in err[0] and line in err[0], err[0]
-        assert "would end the message" in err[0]
+        assert "would end the message" in err[0] or "as a mail header" in err[0]
         after = {p.name: p.read_bytes() for p in (stack.root / "patches").iterdir()}
         assert after == before
     from vstack.message import split_line
 
     # what git am keeps: not refused
-    for ok in ("----", "--x", " --- indented", "-- not scissors", "a >8 b", "+++x"):
+    for ok in ("----", "--x", " --- indented", "-- not scissors", "a >8 b", "+++x",
+               "+++ b/x.py", "-- >8 --", "Why.\nFrom: x <y@z.dev>"):  # fmt: skip
         assert split_line(f"Subject\n\n{ok}\n") is None, ok
     with pytest.raises(AssertionError):
         assert split_line("Subject\n\n--- \n") is None
@@ -227,11 +228,72 @@ def test_lint_refuses_a_patch_whose_message_git_am_would_cut(stack):
             "Old fix:\n" + QUOTED_DIFF,
             "'diff --git a/vllm/b.py b/vllm/b.py' in the message is where git am ends it",
         ),
-        ("-- >8 --\n", "is a scissors line"),
     ]:
         patch.write_text(good.replace(why, why + inserted, 1))
         found = "\n".join(_messages(stack))
         assert "patches/eplb-add-a-module.patch:" in found and says in found, found
         assert stack.run("lint") == 1
+    # a body opening with "From:" is read by git am as the author
+    patch.write_text(good.replace(why, "From: the design doc <d@x.dev>\n\n" + why, 1))
+    found = "\n".join(_messages(stack))
+    assert "'From: the design doc <d@x.dev>' opens the message body" in found, found
+    # a scissors line is kept by git am as vstack runs it
+    patch.write_text(good.replace(why, why + "-- >8 --\n", 1))
+    assert _messages(stack) == []
     patch.write_text(good)
     assert _messages(stack) == []
+
+
+ROUND_TRIP = [
+    # (message body, whether git am as vstack runs it keeps message and author)
+    ("Plain text.", True),
+    ("+++ speedup measured on H100\n\nmore text", True),
+    ("Why.\n+++ b/vllm/x.py", True),
+    ("Why.\n-- >8 --\nmore.", True),
+    ("--8<-- cut here --\nmore.", True),
+    ("Why.\nFrom: the design doc <d@vllm.invalid>", True),
+    ("From: the design doc <d@vllm.invalid>\n\nWe tune a.", False),
+    ("\nsubject: other subject\n\nWe tune a.", False),
+    ("Date: Mon, 1 Jan 2024 00:00:00 +0000\n\nWe tune a.", False),
+    ("[PATCH] other subject\n\nWe tune a.", False),
+    ("Why.\n---\nDesign text.", False),
+    ("Why.\n\nIndex: vllm/b.py", False),
+]
+
+
+def test_message_rules_match_a_real_format_patch_and_am(tmp_path):
+    """export refused a '+++ ' line and scissors lines, which git am (no --scissors,
+    mailinfo.scissors=false) keeps, and passed a body opening with 'From:', which
+    git am reads as the author. Each rule is checked against a real round trip."""
+    import pytest
+
+    from vstack import gitutil
+    from vstack.apply import AM_ENV
+    from vstack.export import FORMAT_PATCH
+    from vstack.message import patch_file_problem, split_line
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    g = gitutil.git
+    g(repo, "init", "-q")
+    (repo / "f").write_text("a\n")
+    g(repo, "add", "f")
+    g(repo, "commit", "-q", "-m", "init")
+    base = gitutil.out(repo, "rev-parse", "HEAD")
+    for body, kept in ROUND_TRIP:
+        msg = f"[EPLB] Tune a\n\n{body}\n\nUpstream-Status: pending\n"
+        (repo / "f").write_text("a\nb\n")
+        g(repo, "commit", "-q", "-a", "--author=Ann Lee <ann@lee.dev>", "-F", "-",
+          input=msg)  # fmt: skip
+        want = gitutil.out(repo, "log", "-1", "--format=%an <%ae>%n%B", "HEAD")
+        text = g(repo, *FORMAT_PATCH, "-1", "HEAD").stdout
+        g(repo, "reset", "-q", "--hard", base)
+        g(repo, "am", "--3way", "--keep", "--committer-date-is-author-date",
+          "--quiet", input=text, env=AM_ENV)  # fmt: skip
+        got = gitutil.out(repo, "log", "-1", "--format=%an <%ae>%n%B", "HEAD")
+        g(repo, "reset", "-q", "--hard", base)
+        assert (got == want) is kept, (body, got)
+        assert (split_line(msg) is None) is kept, body
+        assert (patch_file_problem(text) is None) is kept, body
+    with pytest.raises(AssertionError):
+        assert split_line("Subject\n\n--- \n") is None

@@ -238,3 +238,31 @@ def test_added_surface_and_what_upstream_already_has(tmp_path):
         'upstream now has: value "symm_mem" (vllm/config/parallel.py)',
         "upstream now has: class SymmComm (vllm/comm_other.py)",
     ]
+
+
+def test_a_message_export_refuses_is_refused_before_the_rebase_starts(
+    stack, two_wheels, capsys
+):
+    """A patch message that export refuses reached the rebase's finish: --continue
+    advised a reword, then reset the reworded branch and refused again (only
+    --abort got out). Now the rebase refuses it first, changing nothing."""
+    patch = stack.root / "patches/eplb-edit-e.patch"
+    text = patch.read_text()
+    line = next(ln for ln in text.splitlines()[4:] if ln.strip())
+    patch.write_text(text.replace(line, line + "\n---\nDesign text after dashes.", 1))
+    git(stack.root, "commit", "-q", "-a", "-m", "reword e")
+    before = _project_state(stack)
+    capsys.readouterr()
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "patches/eplb-edit-e.patch:" in err[0], err
+    assert "nothing was changed" in err[0]
+    assert _project_state(stack) == before
+    assert stack.run("rebase", "--abort") == 1  # no rebase was started
+    capsys.readouterr()
+    # once reworded, the rebase runs (and stops at its usual conflict)
+    patch.write_text(text)
+    git(stack.root, "commit", "-q", "-a", "-m", "unreword e")
+    assert stack.run("rebase", "--onto", str(two_wheels)) == 1
+    cap = capsys.readouterr()
+    assert "conflict in eplb-edit-c.patch" in cap.out + cap.err

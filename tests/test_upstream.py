@@ -579,9 +579,10 @@ def test_identity_rules():
         "root <root@localhost.localdomain>",
         "Ann Lee <root@corp.io>",
         "test <test@test.com>",
-        "Ann Lee <ann@test.com>",
         "TODO <todo@corp.io>",
-        "Ann FIXME <ann@corp.io>",
+        "FIXME <ann@corp.io>",
+        "dependabot[bot] <ann@corp.io>",
+        "vLLMEPLBStack <ann@corp.io>",
         "Ann Lee <xxx@corp.io>",
         "Ann Lee <ann@a@corp.io>",
         "Ann Lee <ann@domain>",
@@ -602,6 +603,51 @@ def test_identity_refuses_injection_and_placeholders(text):
     # a real person stays accepted
     assert refusal(parse("Ann Lee <ann.lee@corp.io>")) is None
     assert refusal(parse("Xavier Todorov <x.todorov@corp.io>")) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Kenji Todo <kenji.todo@gmail.com>",
+        "Xiao Xu <xx@alibaba-inc.com>",
+        "Li Xx <li@corp.io>",
+        "Anna Smith <anna.smith@mail.com>",
+        "Anna Smith <anna@email.com>",
+        "Jan Bot <jan.bot@tudelft.nl>",
+        "Ann <ann@corp.local>",
+        "John Doe <john.doe@corp.io>",
+    ],
+)
+def test_identity_accepts_real_people_with_placeholder_like_parts(text):
+    """Only whole placeholders are refused: surname Todo, initials xx, mail.com and
+    corp.local users, surname Bot were refused as placeholders."""
+    from vstack.identity import parse, refusal
+
+    assert refusal(parse(text)) is None, text
+
+
+def test_signoff_never_replaces_an_author_it_refuses(stack, capsys):
+    """--signoff replaced any refused author (a real one, under the old rules)
+    with the submitter and dropped their sign-off: only the stack's shared author
+    is replaced; any other is an error."""
+    _need_ruff()
+    slug = _feature_stack(stack)
+    patch = stack.root / "patches" / f"{slug}.patch"
+    real = "Kenji Todo <kenji.todo@gmail.com>"
+    text = patch.read_text().replace(f"From: {BOT}", f"From: {real}")
+    patch.write_text(text.replace(f"Signed-off-by: {BOT}", f"Signed-off-by: {real}"))
+    capsys.readouterr()
+    person = "Ada Lovelace <ada@lovelace.dev>"
+    assert stack.run("upstream", slug, "--no-tests", "--signoff", person) == 0
+    mbox = stack.root / ".vstack" / "outgoing" / slug / "v1.mbox"
+    out = mbox.read_text()
+    assert f"From: {real}" in out and f"Signed-off-by: {real}" in out
+    assert f"Signed-off-by: {person}" in out
+    patch.write_text(text.replace(f"From: {real}", "From: Helper [bot] <h@corp.io>"))
+    capsys.readouterr()
+    assert stack.run("upstream", slug, "--no-tests", "--signoff", person) == 1
+    err = capsys.readouterr().err
+    assert "never replaces an author" in err and "Helper [bot]" in err
 
 
 def test_bare_signoff_reads_only_name_and_email_from_git_config(stack, capsys, tmp_path, monkeypatch):  # fmt: skip

@@ -231,16 +231,41 @@ def test_2_giving_up_an_interrupted_export_loses_no_commit(three, capsys):
     assert git(three.repo, "rev-parse", "work").strip() == c
 
 
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
 def test_tmp_litter_of_a_killed_write_is_swept(three):
+    dead = _dead_pid()
     litter = [
-        three.root / "patches/.eplb-x.patch.4242.tmp",
-        three.root / ".vstack/.synced.json.4242.tmp",
-        three.root / ".stack.toml.4242.tmp",
+        three.root / f"patches/.eplb-x.patch.{dead}.tmp",
+        three.root / f".vstack/.synced.json.{dead}.tmp",
+        three.root / f".stack.toml.{dead}.tmp",
     ]
     for p in litter:
         p.write_text("half")
     assert three.run("export") == 0
     assert not [p for p in litter if p.exists()]
+
+
+def test_tmp_sweep_keeps_the_users_own_tmp_files(three):
+    """The sweep deleted every .*.tmp in the project and patches/: a user's
+    .notes.tmp went without a word. Only .NAME.<pid>.tmp of a dead pid goes."""
+    kept = [
+        three.root / ".notes.tmp",
+        three.root / "patches/.draft.tmp",
+        three.root / ".stack.toml.swp.tmp",
+        three.root / f".stack.toml.{os.getpid()}.tmp",  # a live process's write
+    ]
+    for p in kept:
+        p.write_text("mine")
+    assert three.run("lint") in (0, 1)
+    assert three.run("export") == 0
+    assert [p.read_text() for p in kept] == ["mine"] * len(kept)
 
 
 # ---------------------------------------------------------------- 19
@@ -371,3 +396,26 @@ def test_a_conflict_in_a_non_ascii_file_name_is_resolved_by_continue(three, caps
     (three.repo / name).write_text(_lines({5: "line 5 ours"}))
     assert three.run("apply", "--continue") == 0
     assert "line 5 ours" in git(three.repo, "show", f"work:{name}")
+
+
+def test_advice_on_a_checked_out_backup_picks_only_the_users_commits(three, capsys):
+    """After apply --force, checking out its backup ref to look at it got the
+    advice `cherry-pick work..<backup>`: the whole old series, every patch again.
+    Only the commits whose change work lacks are named."""
+    mine = _mine(three, "vllm/a.py")
+    p = three.root / "patches/eplb-edit-b.patch"
+    p.write_text(
+        p.read_text().replace("Our change to b.", "Our change to b, reworded.")
+    )
+    assert three.run("apply", "--force") == 0
+    backup = git(three.repo, "for-each-ref", "--format=%(refname)",
+                 "refs/vstack/backup/").split()[0]  # fmt: skip
+    git(three.repo, "checkout", "-q", "--detach", backup)
+    capsys.readouterr()
+    assert three.run("export") == 1
+    line = _error(capsys)
+    pick = line.split("cherry-pick ")[1].split("`")[0].split()
+    assert pick == [mine[:12]], line
+    git(three.repo, "checkout", "-q", "work")
+    git(three.repo, "cherry-pick", *pick)
+    assert three.run("export") == 0

@@ -94,13 +94,17 @@ def require_on_work(repo: Path, verb: str, strict: bool = False) -> None:
     if not strict and descends(repo, head, work):
         return  # a commit the branch has: nothing of HEAD's is left out
     where = f"branch '{ref.removeprefix('refs/heads/')}'" if ref else "a detached HEAD"
-    own = gitutil.out(repo, "rev-list", f"{work}..{head}").split()
+    # Only the commits whose change the branch has under no commit: HEAD may be a
+    # backup ref of an older build of the series, whose patches are on the branch.
+    cherry = gitutil.out(repo, "cherry", work, head).splitlines()
+    own = [ln.split()[1] for ln in cherry if ln.startswith("+ ")]
     keep = (
-        f" ({len(own)} commit(s) that '{WORK_BRANCH}' lacks): to keep them, "
+        f" ({len(own)} commit(s) whose change '{WORK_BRANCH}' lacks): to keep them, "
         f"`git -C {repo} checkout {WORK_BRANCH} && git -C {repo} cherry-pick "
-        f"{work[:12]}..{head[:12]}`, then rerun"
+        f"{' '.join(c[:12] for c in own)}`, then rerun"
         if own
-        else f": `git -C {repo} checkout {WORK_BRANCH}`, then rerun"
+        else f" (its changes are all on '{WORK_BRANCH}' already): `git -C {repo} "
+        f"checkout {WORK_BRANCH}`, then rerun"
     )
     raise VstackError(
         f"HEAD of {repo} is {where} at {head[:12]}, not branch '{WORK_BRANCH}', the "
@@ -114,21 +118,88 @@ def _patch_ids(repo: Path, text: bytes) -> list[tuple[str, str]]:
     return [tuple(ln.split()[:2]) for ln in said.decode().splitlines() if ln.strip()]
 
 
+_MBOX_FROM = re.compile(rb"^From ([0-9a-f]{40}) Mon Sep 17 00:00:00 2001$", re.M)
+
+
+def _changed_lines(text: bytes) -> list[bytes]:
+    """The added and removed lines of a patch's diff, verbatim (whitespace and all;
+    git patch-id ignores whitespace)."""
+    at = text.find(b"\ndiff --git ")
+    if at < 0:
+        return []
+    return [
+        ln for ln in text[at:].split(b"\n")
+        if ln[:1] in (b"+", b"-") and not ln.startswith((b"+++ ", b"--- "))
+    ]  # fmt: skip
+
+
+def _mail_of(repo: Path, text: bytes) -> tuple[str, str, str]:
+    """(author name, email, message) git am (as apply runs it: --keep) makes of a
+    patch file."""
+
+    with tempfile.TemporaryDirectory() as d:
+        info = gitutil.git(
+            repo, "mailinfo", "-k", f"{d}/msg", f"{d}/patch", input=text, text=False
+        ).stdout.decode(errors="replace")
+        body = Path(d, "msg").read_bytes().decode(errors="replace")
+    fields = dict(
+        ln.split(": ", 1) for ln in info.splitlines() if ": " in ln
+    )  # fmt: skip
+    msg = fields.get("Subject", "") + "\n\n" + body
+    return fields.get("Author", ""), fields.get("Email", ""), _norm(msg)
+
+
+def _norm(message: str) -> str:
+    return "\n".join(ln.rstrip() for ln in message.strip().splitlines())
+
+
+def _is_own(repo: Path, sha: str, mine: bytes, theirs: bytes) -> bool:
+    """Whether commit sha (its format-patch text `mine`) is exactly what applying
+    patch file `theirs` makes: the same bytes as export would write, or the same
+    changed lines verbatim, author and message."""
+    zero = b"From " + b"0" * 40 + b" "
+    if _MBOX_FROM.sub(zero[:-1], mine, count=1) == theirs:
+        return True
+    if _changed_lines(mine) != _changed_lines(theirs):
+        return False
+    an, ae, msg = gitutil.out(
+        repo, "log", "-1", "--format=%an%x00%ae%x00%B", sha
+    ).split("\0", 2)
+    return _mail_of(repo, theirs) == (an, ae, _norm(msg))
+
+
 def commits_not_in(repo: Path, start: str, tip: str, patches: list[Path]) -> list[str]:
-    """Commits in start..tip (oldest first) whose change is none of the patches' (by
-    git patch-id): what rebuilding the branch from patches/ would drop. Derived
-    from git, whatever vstack's own records say."""
+    """Commits in start..tip (oldest first) that are not exactly what applying one of
+    the patches makes (paired by git patch-id, then compared verbatim: diff lines,
+    author and message; an amend that patch-id cannot see, whitespace or message
+    only, is the user's): what rebuilding the branch from patches/ would drop.
+    Derived from git, whatever vstack's own records say."""
     from vstack.export import FORMAT_PATCH
 
     listed = gitutil.out(repo, "rev-list", "--reverse", f"{start}..{tip}").split()
     if not listed:
         return []
-    texts = b"".join(p.read_bytes() + b"\n" for p in patches if p.is_file())
-    series = {pid for pid, _ in _patch_ids(repo, texts)} if texts else set()
+    files = [p.read_bytes() for p in patches if p.is_file()]
+    marked = b"".join(
+        f"From {i + 1:040x} Mon Sep 17 00:00:00 2001\n".encode()
+        + _MBOX_FROM.sub(b"", t, count=1) + b"\n"
+        for i, t in enumerate(files)
+    )  # fmt: skip
+    by_pid: dict[str, list[bytes]] = {}
+    for pid, n in _patch_ids(repo, marked) if files else []:
+        by_pid.setdefault(pid, []).append(files[int(n, 16) - 1])
     fmt = [a for a in FORMAT_PATCH if a != "--zero-commit"]
     text = gitutil.git(repo, *fmt, f"{start}..{tip}", text=False).stdout
     ids = {sha: pid for pid, sha in _patch_ids(repo, text)}
-    return [c for c in listed if ids.get(c) not in series]
+    marks = list(_MBOX_FROM.finditer(text))
+    own_text = {
+        m.group(1).decode(): text[m.start() : marks[k + 1].start() if k + 1 < len(marks) else len(text)]
+        for k, m in enumerate(marks)
+    }  # fmt: skip
+    return [
+        c for c in listed
+        if not any(_is_own(repo, c, own_text.get(c, b""), t) for t in by_pid.get(ids.get(c), []))
+    ]  # fmt: skip
 
 
 def describe_commits(repo: Path, shas: list[str], n: int = 3) -> str:

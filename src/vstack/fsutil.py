@@ -14,6 +14,7 @@ importing the names, so that the wrapper sees every call.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -71,11 +72,27 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+_OWN_TMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[1-9][0-9]*)\.tmp$")
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process (or unknowable): leave its file
+    return True
+
+
 def sweep_tmp(folder: Path) -> None:
-    """Temporary files of write_bytes that a killed run left in folder."""
+    """Temporary files of write_bytes that a killed run left in folder: only the
+    tool's own .NAME.<pid>.tmp whose pid is no running process (a user's own
+    .notes.tmp, or a live run's file, is left alone)."""
     if folder.is_dir():
         for p in folder.glob(".*.tmp"):
-            if p.is_file():
+            m = _OWN_TMP.match(p.name)
+            if m and p.is_file() and not _pid_running(int(m.group("pid"))):
                 p.unlink(missing_ok=True)
 
 

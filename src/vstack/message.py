@@ -1,7 +1,10 @@
-"""Commit messages that git am would cut: a line of the message that git mailinfo
-takes as the start of the patch ("---", "diff -", "Index: ") or as a scissors line
-("-- >8 --") ends the message there, and what follows becomes part of the patch (a
-quoted diff is applied as code). Such a message never reaches a patch file."""
+"""Commit messages that git am would change: a line of the message that git mailinfo
+takes as the start of the patch ("---", "diff -", "Index: ") ends the message there,
+and what follows becomes part of the patch (a quoted diff is applied as code); a body
+that starts with "From:", "Subject:" or "Date:" is read as in-body mail headers (the
+author or subject replaced, the line gone). Such a message never reaches a patch
+file. vstack runs git am without --scissors and with mailinfo.scissors=false, so a
+scissors line ("-- >8 --") and a "+++ " line are kept: they are not refused."""
 
 from __future__ import annotations
 
@@ -24,44 +27,27 @@ def is_patch_break(line: str) -> bool:
     return False
 
 
-def is_scissors(line: str) -> bool:
-    """git mailinfo's is_scissors_line() ("-- >8 --", "--8<-- cut here --")."""
-    scissors = gap = perforation = 0
-    in_perforation = False
-    first = last = None
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if c.isspace():
-            if in_perforation:
-                perforation += 1
-                gap += 1
-            i += 1
-            continue
-        last = i
-        if first is None:
-            first = i
-        if c == "-":
-            in_perforation = True
-            perforation += 1
-        elif line[i : i + 2] in (">8", "8<", ">%", "%<"):
-            in_perforation = True
-            perforation += 2
-            scissors += 2
-            last = i + 1
-            i += 1
-        else:
-            in_perforation = False
-        i += 1
-    visible = last - first + 1 if first is not None and last is not None else 0
-    return bool(scissors) and 8 <= visible < perforation * 3 and gap * 2 < perforation
+_INBODY = re.compile(r"(?i)^(from|subject|date):")
+
+
+def is_inbody_header(line: str) -> bool:
+    """git mailinfo's check_inbody_header(): a line it takes as a mail header when
+    it opens the message body ("From: x", "Subject: y", "Date: z", "[PATCH] s")."""
+    return bool(_INBODY.match(line)) or (
+        line.startswith("[PATCH]") and line[7:8].isspace()
+    )
 
 
 def split_line(message: str) -> tuple[int, str] | None:
     """(1-based line number, line) of the first line of a commit message that git am
-    would take as the end of the message, or None."""
-    for n, line in enumerate(message.split("\n"), 1):
-        if is_patch_break(line) or line.startswith("+++ ") or is_scissors(line):
+    would not keep as it is (the end of the message, or an in-body header), or None."""
+    lines = message.split("\n")
+    # format-patch puts the first paragraph in Subject:; the body after it is where
+    # mailinfo looks for in-body headers (its first non-blank line).
+    body = next((i for i, ln in enumerate(lines) if not ln.strip()), len(lines))
+    first = next((i for i in range(body, len(lines)) if lines[i].strip()), None)
+    for n, line in enumerate(lines, 1):
+        if is_patch_break(line) or (n - 1 == first and is_inbody_header(line)):
             return n, line
     return None
 
@@ -71,11 +57,19 @@ def refusal(message: str) -> str | None:
     if not found:
         return None
     n, line = found
+    if not is_patch_break(line):
+        return (
+            f"line {n} of its message, {line[:60]!r}, opens the message body, so git "
+            f"am would read it as a mail header when the patch is applied (it would "
+            f"replace the author, subject or date, and the line would be lost): "
+            f"reword it or put a sentence before it (git commit --amend, or git "
+            f"rebase -i), then rerun"
+        )
     return (
         f"line {n} of its message, {line[:60]!r}, would end the message when the patch "
-        f"is applied (git am reads it as the start of the diff or a scissors line; "
-        f"what follows would be lost or applied as code): indent it or reword it "
-        f"(git commit --amend, or git rebase -i), then rerun"
+        f"is applied (git am reads it as the start of the diff; what follows would be "
+        f"lost or applied as code): indent it or reword it (git commit --amend, or "
+        f"git rebase -i), then rerun"
     )
 
 
@@ -103,21 +97,22 @@ _DIFF_LINE = (
 
 
 def patch_file_problem(text: str) -> tuple[int, str] | None:
-    """(1-based line, what) where git am would cut the message of a patch file short:
-    a scissors line, a "---" separator followed by more message text, or a quoted
-    diff ("diff --git", "Index: ", "--- file") before the real "---" separator."""
+    """(1-based line, what) where git am would not keep the message of a patch file:
+    an in-body header ("From:", "Subject:", "Date:" opening the body), a "---"
+    separator followed by more message text, or a quoted diff ("diff --git", "Index: ", "--- file") before the real "---" separator."""
     lines = text.split("\n")
     try:
         start = lines.index("") + 1  # the message starts after the mail headers
     except ValueError:
         return None
     cut = next((i for i in range(start, len(lines)) if is_patch_break(lines[i])), None)
-    for i in range(start, cut if cut is not None else len(lines)):
-        if is_scissors(lines[i]):
-            return (
-                i + 1,
-                f"{lines[i][:60]!r} is a scissors line: git am --scissors drops the message above it",
-            )
+    first = next((i for i in range(start, len(lines)) if lines[i].strip()), None)
+    if first is not None and first != cut and is_inbody_header(lines[first]):
+        return (
+            first + 1,
+            f"{lines[first][:60]!r} opens the message body, so git am reads it as a "
+            f"mail header (it replaces the author or subject, and the line is lost)",
+        )
     if cut is None:
         return None
     diff = next(

@@ -903,6 +903,23 @@ def _project_files_dirty(project: Project) -> list[str]:
 # ---------------------------------------------------------------- verbs
 
 
+def _require_keepable_messages(patches: list[Path]) -> None:
+    """Refuse, before anything changes, a patch whose message git am would not keep:
+    the finish (export) refuses such a commit, and a reword of the rebased branch
+    at that point is not what --continue goes on from, so the user was stuck."""
+    from vstack.message import patch_file_problem
+
+    for p in patches:
+        found = patch_file_problem(p.read_text(encoding="utf-8", errors="replace"))
+        if found:
+            n, what = found
+            raise VstackError(
+                f"patches/{p.name}:{n}: {what}; reword that line of the message (in "
+                f"the patch, or on the work branch then `vstack export`) before "
+                f"rebasing: nothing was changed"
+            )
+
+
 def cmd_rebase(
     project: Project,
     onto: str,
@@ -925,6 +942,7 @@ def cmd_rebase(
     old_base = pinned_base_anywhere(project)
     repo = project.repo
     require_whole_series(project)
+    _require_keepable_messages(patches)
     ensure_clean(repo)
     require_on_work(repo, "rebase")
     why = unexported_work(project, old_base, load_journal(project))

@@ -469,8 +469,9 @@ def load_stack(project: Project, git_path: str | None, base_rev: str | None) -> 
 
 def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None) -> list[str]:
     """Re-create base..tip (trees and author dates kept) with stack-only trailers
-    removed; with a signer, their sign-off added, and a bot or placeholder author
-    replaced by them (the DCO check wants the author's own sign-off)."""
+    removed; with a signer, their sign-off added, and the stack's shared author
+    replaced by them (the DCO check wants the author's own sign-off). Any other
+    author is kept as it is: one that cannot sign off is an error, never replaced."""
     parent, made = base, []
     for sha in gitutil.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split():
         fmt = gitutil.out(repo, "log", "-1", "--date=raw",
@@ -481,8 +482,16 @@ def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None) -> list[s
         )
         if signer is not None:
             author = identity.parse(f"{an} <{ae}>")
-            if author is None or identity.refusal(author):
+            if author is not None and identity.is_shared(author):
                 an, ae = signer.name, signer.email
+            elif author is None or identity.refusal(author):
+                subject = msg.split("\n", 1)[0]
+                why = identity.refusal(author) if author else "not an identity"
+                raise VstackError(
+                    f"commit {sha[:12]} ('{subject}'): its author {an} <{ae}> cannot "
+                    f"sign off ({why}) and vstack never replaces an author: set the "
+                    f"patch's From: to the person who wrote it, then rerun"
+                )
             cn, ce = signer.name, signer.email
             msg = with_signoff(msg, signer)
         tree = gitutil.out(repo, "rev-parse", f"{sha}^{{tree}}")
