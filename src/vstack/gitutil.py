@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -175,6 +176,9 @@ def git(
     )
     if check and proc.returncode != 0:
         err = proc.stderr if text else proc.stderr.decode(errors="replace")
+        if proc.returncode == -signal.SIGXFSZ:
+            # Killed writing past `ulimit -f`, without a word on stderr.
+            err += "\nFile too large"
         lock = held_lock(err)
         if lock:
             raise VstackError(
