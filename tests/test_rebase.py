@@ -209,7 +209,7 @@ def test_added_surface_and_what_upstream_already_has(tmp_path):
     diff = (
         "diff --git a/vllm/config/parallel.py b/vllm/config/parallel.py\n"
         "--- a/vllm/config/parallel.py\n+++ b/vllm/config/parallel.py\n"
-        '@@ -1,2 +1,2 @@\n-Comm = Literal["gloo", "nccl"]\n'
+        '@@ -1 +1,2 @@\n-Comm = Literal["gloo", "nccl"]\n'
         '+Comm = Literal["gloo", "nccl", "symm_mem"]\n'
         "+    double_buffer: bool = False\n"
         "diff --git a/vllm/eplb/comm.py b/vllm/eplb/comm.py\n"

@@ -1,5 +1,5 @@
-"""rebase on bases with git history: Upstream-PR found in a commit subject, and the
-upstream commits behind a conflict found by blame."""
+"""rebase on bases with git history: Upstream-PR found in a commit subject (reported,
+not taken as proof), and the upstream commits behind a conflict found by blame."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _lines(changes=None):
     return "".join(x + "\n" for x in lines)
 
 
-def test_git_history_drops_by_pr_and_blames_conflicts(stack, capsys):
+def test_git_history_names_the_pr_and_blames_conflicts(stack, capsys):
     up = stack.root / "vllm"
     (up / "vllm").mkdir(parents=True)
     for name in ("c.py", "f.py"):
@@ -55,11 +55,17 @@ def test_git_history_drops_by_pr_and_blames_conflicts(stack, capsys):
     assert "conflict in eplb-edit-c.patch" in err
     assert f"upstream: {refactor} [Core] Refactor c (#777) (vllm/c.py:20-20)" in err
     (stack.repo / "vllm/c.py").write_text(_lines({20: "line 20 refactored + ours"}))
-    assert stack.run("rebase", "--continue") == 0
+    # the PR landed reworked: its number in a subject is evidence, not proof; the
+    # patch conflicts, the stop names the upstream commit, and --skip drops it
+    assert stack.run("rebase", "--continue") == 1
+    err = capsys.readouterr().err
+    assert "conflict in eplb-feature.patch" in err
+    assert "upstream commit naming its Upstream-PR: " in err and "(#888)" in err
+    assert stack.run("rebase", "--skip", "--reason", "merged upstream as #888") == 0
     report = json.loads((stack.root / ".vstack/reports/rebase.json").read_text())
     by = {r["patch"]: r for r in report["patches"]}
-    assert by["eplb-feature.patch"]["status"] == "dropped-upstream"
-    assert "[EPLB] Feature (#888)" in by["eplb-feature.patch"]["details"][0]
+    assert by["eplb-feature.patch"]["status"] == "superseded"
+    assert by["eplb-feature.patch"]["details"][0] == "skipped: merged upstream as #888"
     assert by["eplb-edit-c.patch"]["status"] == "conflict-resolved"
     assert any(
         "Refactor c (#777)" in c for c in by["eplb-edit-c.patch"]["upstream_commits"]

@@ -780,6 +780,74 @@ def stray_changes(repo: Path, allowed: set[str]) -> list[str]:
     return found
 
 
+def commit_as_patch(repo: Path, data: bytes, tree: str, parent: str) -> str:
+    """The commit `git am --keep` makes of the patch `data` when its result is
+    `tree` on `parent`: the message, author and date as git mailinfo reads them
+    (git am's parse_mail: subject, blank line, body, stripspace), the committer
+    vstack's, dated as the author (as apply_one's --committer-date-is-author-date)."""
+    from vstack import gitparse
+
+    mail = gitparse.mailinfo(data, keep=True)
+    env = {
+        **AM_ENV, "GIT_AUTHOR_NAME": mail.author, "GIT_AUTHOR_EMAIL": mail.email,
+        "GIT_AUTHOR_DATE": mail.date, "GIT_COMMITTER_DATE": mail.date,
+    }  # fmt: skip
+    return gitutil.out(
+        repo, "commit-tree", tree, "-p", parent, "-F", "-",
+        input=gitparse.am_message(mail), env=env,
+    )  # fmt: skip
+
+
+class NoChange(VstackError):
+    """The resolution of a stopped patch leaves the branch as it was at the stop."""
+
+
+def take_resolution(
+    repo: Path, data: bytes, name: str, stop: str, paths: set[str]
+) -> str | None:
+    """Commit the resolution of the patch `data` (file `name`) that stopped at
+    commit `stop`, with the patch's own message, author and trailers, however the
+    user left it: staged or in the work tree of `paths` while `git am` waits (git am
+    --continue commits it), or committed by hand (`git commit` during the stop, with
+    or without `git am --skip`/--abort after it): then the commits' tree becomes the
+    patch's commit on `stop`, and the user's commits are kept under a backup ref.
+    Returns the new HEAD, or None when nothing was resolved (no `git am` waits and
+    neither HEAD nor the patch's files changed since the stop)."""
+    in_am = gitutil.op_in_progress(repo) == AM_OP
+    head = gitutil.rev_parse(repo, "HEAD")
+    literal = {"GIT_LITERAL_PATHSPECS": "1"}
+    for f in sorted(paths):
+        gitutil.git(repo, "add", "-A", "--", f, check=False, env=literal)
+    if in_am and head == stop:
+        p = gitutil.git(
+            repo, "am", "--continue", check=False, env=am_continue_env(repo)
+        )
+        if p.returncode != 0:
+            why = am_failure(p)
+            if why.startswith("No changes"):
+                raise NoChange(why)
+            raise VstackError(f"git am --continue failed in {repo}: {why}")
+        return gitutil.rev_parse(repo, "HEAD")
+    tree = gitutil.out(repo, "write-tree")
+    if tree == gitutil.out(repo, "rev-parse", f"{stop}^{{tree}}"):
+        if not in_am and head == stop:
+            return None
+        raise NoChange("No changes: the resolution leaves the branch as it was")
+    new = commit_as_patch(repo, data, tree, stop)
+    if head not in (stop, new):
+        ref = backup_branch(repo, "resolution", head)
+        print(
+            f"vstack: your commit(s) {stop[:12]}..{head[:12]} are taken as the "
+            f"resolution of {name}, with its message and author (as git am commits "
+            f"it); they are kept as {ref}",
+            file=sys.stderr,
+        )
+    if in_am:
+        gitutil.git(repo, "am", "--quit", check=False)  # HEAD and index stay
+    gitutil.git(repo, "reset", "-q", "--soft", new)
+    return new
+
+
 def cmd_apply_continue(project: Project) -> int:
     """After a stopped apply: commit the resolved patch, apply the rest. After an
     interrupted --continue: resume after the resolution, as that run would have."""
@@ -839,30 +907,41 @@ def _commit_resolution(project: Project, j: dict, patches: list[Path]) -> None:
     k = j["index"]
     names = j["series"]
     _, info = load_patch(patches[k - 1])
-    if gitutil.op_in_progress(repo):
-        unmerged = unmerged_files(repo)
-        left = conflict_markers(repo, unmerged)
-        if left:
-            raise VstackError(
-                f"unresolved conflict markers in {', '.join(left)}; resolve them, then "
-                f"`vstack apply --continue`"
-            )
-        stray = stray_changes(repo, set(unmerged) | set(info.files))
-        if stray:
-            raise VstackError(
-                f"changes outside {names[k - 1]}'s files in {repo} ({_names(stray)}): "
-                f"--continue would commit them as part of the patch; `git add` them if "
-                f"they belong to the resolution, else commit or discard them elsewhere"
-            )
-        # The patch's own files (and any left unmerged) hold the resolution.
-        for f in sorted(set(unmerged) | set(info.files)):
-            gitutil.git(repo, "add", "-A", "--", f, check=False)  # absent: nothing
-        p = gitutil.git(
-            repo, "am", "--continue", check=False, env=am_continue_env(repo)
+    unmerged = unmerged_files(repo) if gitutil.op_in_progress(repo) else []
+    left = conflict_markers(repo, unmerged)
+    if left:
+        raise VstackError(
+            f"unresolved conflict markers in {', '.join(left)}; resolve them, then "
+            f"`vstack apply --continue`"
         )
-        if p.returncode != 0:
-            raise VstackError(f"git am --continue failed in {repo}: {am_failure(p)}")
-    if gitutil.rev_parse(repo, "HEAD") == j.get("before"):
+    stray = stray_changes(repo, set(unmerged) | set(info.files))
+    if stray:
+        raise VstackError(
+            f"changes outside {names[k - 1]}'s files in {repo} ({_names(stray)}): "
+            f"--continue would commit them as part of the patch; `git add` them if "
+            f"they belong to the resolution, else commit or discard them elsewhere"
+        )
+    stop = j.get("before") or gitutil.rev_parse(repo, "HEAD")
+    if not descends(repo, stop, gitutil.rev_parse(repo, "HEAD")):
+        raise VstackError(
+            f"HEAD of {repo} is not on top of where `vstack apply` stopped "
+            f"({stop[:12]}): --continue cannot take it as the resolution of "
+            f"{names[k - 1]}; check out the resolution there, or `vstack apply` again"
+        )
+    # The patch's own files (and any left unmerged) hold the resolution; a commit
+    # made by hand gets the patch's message and author.
+    try:
+        new = take_resolution(
+            repo, patches[k - 1].read_bytes(), names[k - 1], stop,
+            set(unmerged) | set(info.files),
+        )  # fmt: skip
+    except NoChange as e:
+        raise VstackError(
+            f"git am --continue failed in {repo}: {e}: the resolution leaves no change "
+            f"of {names[k - 1]}; fix patches/{names[k - 1]} (or remove it from "
+            f"patches/series) and `vstack apply`"
+        ) from None
+    if new is None:
         raise VstackError(
             f"{names[k - 1]} is not on branch '{WORK_BRANCH}' (the `git am` was aborted "
             f"or skipped): commit its resolution there and `vstack apply --continue`, or "

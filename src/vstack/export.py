@@ -82,10 +82,16 @@ def render(repo: Path, base: str, tip: str) -> dict[str, bytes]:
 
 def file_at(text: bytes, line: int) -> str | None:
     """The file whose diff holds line `line` (1-based) of a patch."""
+    from vstack import gitparse
+
+    try:
+        heads = gitparse.file_headers(text)
+    except VstackError:
+        heads = {}
     found = None
-    for ln in text.split(b"\n")[:line]:
-        if ln.startswith(b"diff --git "):
-            found = ln.decode(errors="replace").split(" b/", 1)[-1]
+    for i in sorted(heads):
+        if i < line:
+            found = heads[i].path
     return found
 
 

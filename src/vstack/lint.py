@@ -80,11 +80,21 @@ def forbidden_import(file: str, line: str) -> str | None:
 
 
 def _added_lines(text: str):
-    """(patch line number, target file, new-file line number, text) of each added line."""
+    """(patch line number, target file, new-file line number, text) of each added line;
+    the files named as git apply names them (C-quoted names unquoted)."""
+    from vstack import gitparse
+
+    at = {
+        i: f.path
+        for i, f in gitparse.file_headers(
+            text.encode("utf-8", errors="surrogateescape")
+        ).items()
+    }
     file, new_no = None, 0
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw[:-1] if raw.endswith("\r") else raw
         if line.startswith("diff --git "):
-            file = line.split(" b/", 1)[-1]
+            file = at.get(n - 1)
         elif line.startswith("@@"):
             m = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", line)
             new_no = int(m.group(1)) if m else 0

@@ -24,9 +24,8 @@ from pathlib import Path
 from vstack import fsutil, gitutil, records, synced
 from vstack.apply import (
     AM_OP,
+    NoChange,
     PatchResult,
-    am_continue_env,
-    am_failure,
     apply_one,
     backup_branch,
     clear_journal,
@@ -37,6 +36,7 @@ from vstack.apply import (
     require_on_work,
     require_whole_series,
     stray_changes,
+    take_resolution,
     unexported_work,
 )
 from vstack.base import (
@@ -162,10 +162,14 @@ def added_surface(diff_text: str) -> list[tuple[str, str, str]]:
             for v in sorted(added - removed):
                 found.append(("value", v, file))
 
-    for line in diff_text.splitlines():
+    from vstack import gitparse
+
+    heads = gitparse.file_headers(diff_text.encode("utf-8", errors="surrogateescape"))
+    for i, line in enumerate(diff_text.split("\n")):
         if line.startswith("diff --git "):
             flush()
-            file, added, removed = line.split(" b/", 1)[-1], set(), set()
+            f = heads.get(i)
+            file, added, removed = (f.path if f else None), set(), set()
             continue
         if file is None or file.startswith("tests/") or line.startswith(("+++", "---")):
             continue
@@ -202,6 +206,15 @@ def render_report(report: dict) -> str:
         lines.append(
             f"| {i} | {r['patch']} | {r['status']} | {', '.join(r['files'])} | {det} |"
         )
+    dropped = [r for r in report["patches"] if r["status"] in DROPPED]
+    if dropped:
+        lines += ["", "Left the series (each kept as a commit on the old base under "
+                  "the ref named; `git -C .vstack/repo format-patch -1 <ref>` gives "
+                  "the patch back):", ""]  # fmt: skip
+        lines += [
+            f"- {r['patch']}: {r['status']}, {r.get('backup') or 'no backup ref'}"
+            for r in dropped
+        ]
     if report.get("stopped_at"):
         lines += ["", f"Stopped at {report['stopped_at']}: the rebase is not finished."]
     return "\n".join(lines) + "\n"
@@ -413,21 +426,86 @@ def resolution_for(
     return nearest_record(project.root, name, version, after) if after else None
 
 
-def _use_resolution(repo: Path, patch: Path, record: Path, root: Path) -> PatchResult:
-    """Apply a recorded port of `patch` (or drop it when the record has no diff)."""
+def _undo(repo: Path, before: str) -> None:
+    """Back to `before`, clean: what a probe of a patch left (a `git am` stopped on a
+    conflict, or its commit) is undone."""
+    if gitutil.op_in_progress(repo):
+        gitutil.git(repo, "am", "--abort", check=False)
+    gitutil.git(repo, "reset", "-q", "--hard", before)
+
+
+def forward(repo: Path, patch: Path, info, before: str, top: set[str]) -> PatchResult:
+    """`git am -3` of the whole patch onto HEAD (= before), and what it proves: a
+    patch whose application changes nothing is `dropped-upstream` (the base has
+    all of it: renames, copies, modes and quoted names as git applies them). A
+    base without some top-level folder (a wheel has vllm/ but no tests/) cannot
+    show those files: a patch that changes nothing in what the base has, and only
+    adds files where the base has nothing to compare, is dropped too, saying which."""
+    r = apply_one(repo, patch)
+    if r.status == "empty":
+        return PatchResult(patch.name, "dropped-upstream", info.files, [
+            "git am -3 of the whole patch onto the new base left no change: the "
+            "base already has all of it"
+        ])  # fmt: skip
+    if r.ok and r.commit:
+        touched = [f for f in info.files if f.split("/", 1)[0] in top]
+        changed = [p for _, p, _ in gitutil.tree_changes(repo, before, r.commit)]
+        left = [f for f in changed if f.split("/", 1)[0] in top]
+        if touched and not left:
+            gitutil.git(repo, "reset", "-q", "--hard", before)
+            missing = sorted({f.split("/", 1)[0] + "/" for f in changed})
+            return PatchResult(patch.name, "dropped-upstream", info.files, [
+                f"git am -3 of the whole patch onto the new base changed nothing in "
+                f"{', '.join(touched)}: the base already has it there; what it "
+                f"changes in {', '.join(changed)} cannot be compared (the base has "
+                f"no {', '.join(missing)})"
+            ])  # fmt: skip
+    return r
+
+
+def _use_resolution(
+    repo: Path,
+    patch: Path,
+    info,
+    record: Path,
+    root: Path,
+    before: str,
+    top: set[str],
+) -> PatchResult | dict:
+    """Replay a recorded resolution of `patch` after the proof it rests on, checked
+    on the base at hand: a "superseded" record (no diff) only where the patch does
+    not apply (as `--skip` requires), a recorded port only where it applies and
+    changes something. Returns the result, or a stale-record stop (a dict)."""
     text, rec = load_patch(record)
     where = record.relative_to(root).as_posix()
     if not rec.files:
         reason = rec.body.strip().split("\n\n")[0].replace("\n", " ") or "(no reason)"
+        probe = forward(repo, patch, info, before, top)
+        if probe.status == "dropped-upstream":
+            probe.details.append(f"(recorded as superseded in {where})")
+            return probe
+        if probe.status != "conflict":
+            _undo(repo, before)
+            return _stale_record_result(patch.name, where, None, None, info.files, (
+                f"{where} says the patch is superseded, but it applies on this base "
+                f"({probe.status}): the record does not hold here"
+            ))  # fmt: skip
+        _undo(repo, before)
         return PatchResult(
-            patch.name, "superseded", [], [f"recorded in {where}: {reason}"]
-        )
+            patch.name, "superseded", info.files,
+            [f"recorded in {where}: {reason}", "the patch does not apply on this base"],
+        )  # fmt: skip
     # The commit gets the port's own message: the record's hash trailer stays out.
     with tempfile.TemporaryDirectory(prefix="vstack-record-") as tmp:
         port = Path(tmp) / record.name
         port.write_bytes(records.strip_patch_hash(text).encode())
         r = apply_one(repo, port)
     r.patch = patch.name
+    if r.status == "empty":
+        return _stale_record_result(patch.name, where, None, None, info.files, (
+            f"the recorded port {where} changes nothing on this base: it is no "
+            f"resolution of the patch here"
+        ))  # fmt: skip
     if r.status == "conflict":
         r.details.insert(0, f"the recorded port {where} does not apply either")
     else:
@@ -443,45 +521,91 @@ def base_top_dirs(repo: Path, rev: str) -> set[str]:
     }
 
 
-def _in_base(files: list[str], top: set[str]) -> list[str]:
-    return [f for f in files if f.split("/", 1)[0] in top]
+def _ref_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", text).strip(".") or "-"
 
 
-_GLOB_CHARS = re.compile(r"[*?\[\]\\]")
+def keep_dropped(repo: Path, d: dict, name: str) -> str | None:
+    """A ref to the dropped patch as a commit on the old base (format-patch -1 of it
+    gives the patch back): refs/vstack/dropped/<new version>/<patch>."""
+    old = d.get("old_applied") or []
+    if name not in d["patches"] or len(old) != len(d["patches"]):
+        return None
+    sha = old[d["patches"].index(name)]
+    stem = f"refs/vstack/dropped/{_ref_part(d['new_pin']['version'])}/{_ref_part(name)}"
+    ref, n = stem, 2
+    while (have := gitutil.rev_parse(repo, ref)) not in (None, sha):
+        ref, n = f"{stem}-{n}", n + 1
+    if have is None:
+        gitutil.git(repo, "update-ref", ref, sha)
+    return ref
 
 
-def reverse_applies(repo: Path, patch: Path, files: list[str], top: set[str]) -> bool:
-    """Whether the new base already contains the patch, judged on the paths the base
-    can have: a wheel carries no tests/, so a patch adding tests would never
-    reverse-apply as a whole."""
-    kept = _in_base(files, top)
-    if not kept:
-        return False
-    include = ["--include=" + _GLOB_CHARS.sub(r"\\\g<0>", f) for f in kept]
-    p = gitutil.git(
-        repo, "apply", "--check", "--reverse", *include, str(patch), check=False
+def _dropped_stems(d: dict) -> dict[str, str]:
+    """{patch file stem: status} of the patches this rebase dropped so far."""
+    return {
+        r["patch"].removesuffix(".patch"): r["status"]
+        for r in d["results"]
+        if r["status"] in DROPPED
+    }
+
+
+def follow_drops(
+    repo: Path, commit: str, dropped: dict[str, str]
+) -> tuple[str, list[str]]:
+    """commit, or a copy of it (same tree, parent, author and committer) whose
+    message has no `Depends-On:` trailer naming a dropped patch (they follow the
+    drop: the base has what they named). The trailers are git's (interpret-trailers);
+    (new commit, what was removed)."""
+    from vstack import gitparse
+
+    msg = gitutil.git(repo, "log", "-1", "--format=%B", commit, text=False).stdout
+    message = msg.decode("utf-8", errors="surrogateescape").rstrip("\n") + "\n"
+    named = [
+        v for k, v in gitparse.trailers(message)
+        if k.lower() == "depends-on" and v.removesuffix(".patch") in dropped
+    ]  # fmt: skip
+    if not named:
+        return commit, []
+    body, _, block = message.rstrip("\n").rpartition("\n\n")
+    kept, removed = [], []
+    for line in block.split("\n"):
+        key, sep, value = line.partition(":")
+        stem = value.strip().removesuffix(".patch")
+        if sep and key.strip().lower() == "depends-on" and stem in dropped:
+            removed.append(f"Depends-On: {stem} removed ({stem} left the series: "
+                           f"{dropped[stem]})")  # fmt: skip
+        else:
+            kept.append(line)
+    new_msg = (body + ("\n\n" + "\n".join(kept) if kept else "")).rstrip("\n") + "\n"
+    who = gitutil.out(
+        repo, "log", "-1", "--date=raw",
+        "--format=%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd%x00%T%x00%P", commit,
+    ).split("\0")  # fmt: skip
+    env = dict(zip(
+        ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE",
+         "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_COMMITTER_DATE"),
+        who[:6], strict=True,
+    ))  # fmt: skip
+    parents = [a for p in who[7].split() for a in ("-p", p)]
+    new = gitutil.out(
+        repo, "commit-tree", who[6], *parents, "-F", "-", input=new_msg, env=env
     )
-    return p.returncode == 0
+    return new, removed
 
 
-def _merged_away(repo: Path, before: str, files: list[str], top: set[str]) -> bool:
-    """After a 3-way merge: none of the patch's changes to paths the base has are
-    left (upstream already made them); what remains is files the base lacks."""
-    kept = _in_base(files, top)
-    if not kept:
-        return False
-    changed = gitutil.out(repo, "diff", "--name-only", before, "HEAD", "--", *kept)
-    return not changed
-
-
-def _stale_record_result(name: str, where: str, want: str, have: str, files) -> dict:
+def _stale_record_result(
+    name: str, where: str, want: str | None, have: str | None, files, why=None
+) -> dict:
+    """A stop at a record that does not hold: made from another version of the
+    patch (want/have: the hashes), or `why` the proof failed on this base."""
     return {
         "patch": name, "status": "stale-record", "files": files, "record": where,
-        "head": None,
+        "head": None, "changed": why is None,
         "details": [
-            f"{where} was recorded from another version of patches/{name} "
-            f"(Resolves-Patch-Sha256 {want[:12]}, the patch is now {have[:12]}): "
-            f"replaying it would drop what changed in the patch since",
+            why or f"{where} was recorded from another version of patches/{name} "
+            f"(Resolves-Patch-Sha256 {str(want)[:12]}, the patch is now "
+            f"{str(have)[:12]}): replaying it would drop what changed in the patch since",
         ],
     }  # fmt: skip
 
@@ -547,19 +671,15 @@ def _run_patches(project: Project, state: State) -> int:
         patch = patches[d["next"]]
         text, info = load_patch(patch)
         before = head
+        notes: list[str] = []
         pr_hit = None
         for pr in info.trailers.get("Upstream-PR", []):
             pr_hit = pr_hit or (pr_in_subjects(pr, subjects) if subjects else None)
+        if pr_hit:
+            # evidence, not proof: the patch leaves only when the base has it
+            notes.append(f"upstream commit naming its Upstream-PR: {pr_hit}")
         record = resolution_for(project, version, patch.name, d["old_pin"]["version"])
-        notes: list[str] = []
-        if pr_hit or reverse_applies(repo, patch, info.files, top):
-            why = (
-                [f"upstream commit: {pr_hit}"]
-                if pr_hit
-                else ["the new base already contains it (reverse-applies cleanly)"]
-            )
-            r = PatchResult(patch.name, "dropped-upstream", info.files, why)
-        elif record is not None:
+        if record is not None:
             where = record.relative_to(project.root).as_posix()
             verdict, want, have = records.check_record(
                 record.read_text(errors="replace"), patch.read_bytes()
@@ -575,21 +695,14 @@ def _run_patches(project: Project, state: State) -> int:
                     f"cannot be checked; replayed as recorded"
                 )
                 print(f"vstack: note: {notes[-1]}", file=sys.stderr)
-            r = _use_resolution(repo, patch, record, project.root)
+            got = _use_resolution(repo, patch, info, record, project.root, before, top)
+            if isinstance(got, dict):
+                got["head"] = before
+                got["details"] += notes
+                return _stop(project, state, got, t)
+            r = got
         else:
-            r = apply_one(repo, patch)
-            if r.status == "empty":
-                r = PatchResult(patch.name, "dropped-upstream", info.files, [
-                    "the new base already contains it (a 3-way merge left no change)"
-                ])  # fmt: skip
-            elif r.status == "3way" and _merged_away(repo, before, info.files, top):
-                gitutil.git(repo, "reset", "-q", "--hard", before)
-                rest = [f for f in info.files if f not in _in_base(info.files, top)]
-                r = PatchResult(patch.name, "dropped-upstream", info.files, [
-                    f"the new base already contains its changes to "
-                    f"{', '.join(_in_base(info.files, top))} (a 3-way merge kept none)"
-                    + (f"; {', '.join(rest)} not in the base to compare" if rest else "")
-                ])  # fmt: skip
+            r = forward(repo, patch, info, before, top)
         res = dataclasses.asdict(r)
         del res["commit"]
         res["details"] = res["details"] + notes
@@ -597,12 +710,22 @@ def _run_patches(project: Project, state: State) -> int:
             res["details"] += upstream_provides(repo, d["new_base"], text)
         if r.status == "conflict":
             res["head"] = before
+            if record is not None:
+                res["source"] = record.relative_to(project.root).as_posix()
             res["upstream_commits"] = _blame_conflicts(
                 repo, d["old_base"], r.files, subjects is not None
             )
             return _stop(project, state, res, t)
-        if r.status != "dropped-upstream" and r.commit:
-            head = r.commit
+        if r.status in DROPPED:
+            ref = keep_dropped(repo, d, patch.name)
+            if ref:
+                res["backup"] = ref
+                res["details"].append(f"kept as {ref}")
+        elif r.commit:
+            head, removed = follow_drops(repo, r.commit, _dropped_stems(d))
+            if head != r.commit:
+                gitutil.git(repo, "update-ref", f"refs/heads/{WORK_BRANCH}", head)
+                res["details"] += removed
         res["commit"] = head
         d["results"].append(res)
         d["next"] += 1
@@ -664,12 +787,17 @@ def _print_stale(project: Project, res: dict) -> None:
     print(f"  stale record for {res['patch']}:", file=sys.stderr)
     for line in res["details"]:
         print(f"     {line}", file=sys.stderr)
+    still = (
+        f"; or, when the record still holds, set its {records.TRAILER}: to the "
+        f"patch's sha256 and --continue"
+        if res.get("changed", True)
+        else ""
+    )
     print(
         f"vstack: re-resolve it: remove the record (git rm {record}) and "
         f"`vstack rebase --continue` (the patch is applied and, when it conflicts, "
-        f"resolved and recorded anew); or, when the record still holds, set its "
-        f"{records.TRAILER}: to the patch's sha256 and --continue; or "
-        f"`vstack rebase --abort`. patches/ and {STACK_TOML} are unchanged.",
+        f"resolved and recorded anew){still}; or `vstack rebase --abort`. "
+        f"patches/ and {STACK_TOML} are unchanged.",
         file=sys.stderr,
     )
 
@@ -737,6 +865,12 @@ def _finish(project: Project, state: State) -> int:
         f"{len(d['results']) - kept} dropped (upstream has them); "
         f"{STACK_TOML} and patches/ updated"
     )
+    for r in d["results"]:
+        if r["status"] in DROPPED:
+            print(
+                f"vstack: {r['patch']} left the series ({r['status']}); kept as "
+                f"{r.get('backup') or '(no backup ref)'} in {repo}"
+            )
     for path in recorded:
         print(f"vstack: recorded the resolution in {path.relative_to(project.root)}")
     print(
@@ -954,7 +1088,7 @@ def cmd_rebase(
     # git am -3 merges with each patch's preimage blobs, which exist only once the
     # series has been applied on the old base in this repository (a fresh clone
     # has just the base): without them a conflict leaves no markers to resolve.
-    applied_tip(project, old_base, patches)
+    old_tip = applied_tip(project, old_base, patches)
     work = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
     timings: dict[str, float] = {}
     new_base, new_pin = _target_base(
@@ -977,6 +1111,10 @@ def cmd_rebase(
         "old_synced_record": sync_file.read_text() if sync_file.is_file() else None,
         "old_head": gitutil.out(repo, "symbolic-ref", "-q", "HEAD", check=False) or gitutil.out(repo, "rev-parse", "HEAD"),
         "patches": [p.name for p in patches],
+        # each patch as a commit on the old base: a dropped one is kept under a ref
+        "old_applied": gitutil.out(
+            repo, "rev-list", "--reverse", f"{old_base.commit}..{old_tip}"
+        ).split(),
         "patch_sha256": {p.name: records.patch_sha256(p.read_bytes()) for p in patches},
         "old_gitlink": current_gitlink(project),
         "results": [],
@@ -1060,15 +1198,8 @@ def cmd_continue(project: Project) -> int:
     op = gitutil.op_in_progress(repo)
     if op not in (None, AM_OP):
         ensure_clean(repo)  # names it and how to drop it
-    in_am = op is not None
     head = gitutil.rev_parse(repo, "HEAD")
-    if not in_am and head == last.get("head"):
-        # Nothing was committed for the stopped patch and no merge waits: the stop
-        # was not a conflict left to resolve here. Try the patch again.
-        d["results"].pop()
-        print(f"vstack: nothing was resolved for {last['patch']}; applying it again")
-        return _run_patches(project, state)
-    if not in_am and not descends(repo, last["head"], head):
+    if not descends(repo, last["head"], head):
         raise VstackError(
             f"HEAD of {repo} ({head[:12]}) is not on top of where the rebase stopped "
             f"({last['head'][:12]}): --continue cannot take it as the resolution of "
@@ -1086,7 +1217,8 @@ def cmd_continue(project: Project) -> int:
         raise VstackError(
             f"unresolved conflict markers in {', '.join(unresolved)}; resolve them, then --continue"
         )
-    _, info = load_patch(project.patches_dir / last["patch"])
+    patch = project.patches_dir / last["patch"]
+    _, info = load_patch(patch)
     stray = stray_changes(repo, set(last["files"]) | set(info.files))
     if stray:
         raise VstackError(
@@ -1096,40 +1228,45 @@ def cmd_continue(project: Project) -> int:
             f"to the resolution; else commit or discard them (git -C {repo} checkout -- "
             f"<file>), then --continue"
         )
-    if in_am:
-        for f in last["files"]:
-            gitutil.git(repo, "add", "--", f, check=False)
-        p = gitutil.git(
-            repo, "am", "--continue", check=False, env=am_continue_env(repo)
+    # What was being applied: the patch, or the recorded port of it.
+    source = last.get("source")
+    data = (
+        records.strip_patch_hash(
+            (project.root / source).read_text(errors="replace")
+        ).encode()
+        if source and (project.root / source).is_file()
+        else patch.read_bytes()
+    )
+    try:
+        new = take_resolution(
+            repo,
+            data,
+            last["patch"],
+            last["head"],
+            set(last["files"]) | set(info.files),
         )
-        if p.returncode != 0:
-            why = am_failure(p)
-            hint = (
-                f": the resolution leaves no change of {last['patch']} on the new "
-                f"base; `vstack rebase --skip --reason TEXT` when the new base "
-                f"supersedes it, else resolve it again and --continue"
-                if why.startswith("No changes")
-                else ""
-            )
-            raise VstackError(f"git am --continue failed in {repo}: {why}{hint}")
+    except NoChange as e:
+        raise VstackError(
+            f"git am --continue failed in {repo}: {e}: the resolution leaves no change "
+            f"of {last['patch']} on the new base; `vstack rebase --skip --reason TEXT` "
+            f"when the new base supersedes it, else resolve it again and --continue"
+        ) from None
+    if new is None:
+        # Nothing was resolved for the stopped patch and no merge waits: the stop
+        # was not a conflict left to resolve here. Try the patch again.
+        d["results"].pop()
+        print(f"vstack: nothing was resolved for {last['patch']}; applying it again")
+        return _run_patches(project, state)
+    commit, removed = follow_drops(repo, new, _dropped_stems(d))
+    if commit != new:
+        gitutil.git(repo, "reset", "-q", "--soft", commit)
+        last["details"] = last["details"] + removed
     last["status"] = "conflict-resolved"
-    last["commit"] = gitutil.rev_parse(repo, "HEAD")
+    last["commit"] = commit
     d["next"] += 1
     state.save()
     print(f"  [{d['next']}/{len(d['patches'])}] conflict-resolved {last['patch']}")
     return _run_patches(project, state)
-
-
-def applies_now(repo: Path, patch: Path) -> bool:
-    """Whether patch applies on HEAD, with a 3-way merge if need be, checked in a
-    scratch index (neither the index nor the work tree of repo change)."""
-    with tempfile.TemporaryDirectory(prefix="vstack-idx-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        gitutil.git(repo, "read-tree", "HEAD", env=env)
-        p = gitutil.git(
-            repo, "apply", "--cached", "--3way", str(patch), check=False, env=env
-        )
-    return p.returncode == 0
 
 
 def cmd_skip(project: Project, reason: str | None) -> int:
@@ -1167,12 +1304,19 @@ def cmd_skip(project: Project, reason: str | None) -> int:
         )
     gitutil.git(repo, "reset", "-q", "--hard", "HEAD", check=False)
     if info.files:
-        gitutil.git(repo, "clean", "-q", "-f", "--", *info.files, check=False)
-    if applies_now(repo, patch):
-        # A record saying "superseded" would drop this patch on every later rebase.
+        gitutil.git(
+            repo, "clean", "-q", "-f", "--", *info.files, check=False,
+            env={"GIT_LITERAL_PATHSPECS": "1"},
+        )  # fmt: skip
+    # The proof a "superseded" record rests on (it drops this patch on every later
+    # rebase onto this base): the whole patch does not apply here.
+    probe = forward(repo, patch, info, head, base_top_dirs(repo, d["new_base"]))
+    _undo(repo, head)
+    if probe.status not in ("conflict", "dropped-upstream"):
         raise VstackError(
-            f"--skip refused: {last['patch']} applies on the new base (the stop was "
-            f"not a conflict); `vstack rebase --continue` applies it"
+            f"--skip refused: {last['patch']} applies on the new base "
+            f"({probe.status}; the stop was not a conflict); `vstack rebase "
+            f"--continue` applies it"
         )
     last.update(
         status="superseded", reason=reason, subject=info.subject, commit=head,
@@ -1180,6 +1324,10 @@ def cmd_skip(project: Project, reason: str | None) -> int:
             x for x in last["details"] if x.startswith("upstream now has")
         ],
     )  # fmt: skip
+    ref = keep_dropped(repo, d, last["patch"])
+    if ref:
+        last["backup"] = ref
+        last["details"].append(f"kept as {ref}")
     d["next"] += 1
     state.save()
     print(f"  [{d['next']}/{len(d['patches'])}] superseded       {last['patch']}")

@@ -17,7 +17,9 @@ def read_series_entries(patches_dir: Path) -> list[tuple[int, str]]:
     if not series.is_file():
         return []
     entries = []
-    for n, raw in enumerate(series.read_text(errors="replace").splitlines(), 1):
+    # utf-8-sig: an editor's byte-order mark is not part of the first name
+    text = series.read_bytes().decode("utf-8-sig", errors="replace")
+    for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -170,75 +172,53 @@ class PatchInfo:
     subject: str
     body: str  # the description between subject and trailers
     trailers: dict[str, list[str]]
-    files: list[str]
+    files: list[str]  # every path it touches (a rename's both names)
     added: list[str]
     deleted: list[str]
     hunks: list[Hunk]
     diff_lines: int  # added + removed lines
+    author: str = ""
+    email: str = ""
 
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
-_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
+def parse_patch(text: str | bytes) -> PatchInfo:
+    """What git makes of a format-patch text (vstack.gitparse): the subject and
+    message `git mailinfo` reads (RFC 2047 headers decoded, folded lines joined),
+    the trailers `git interpret-trailers` finds, and the files `git apply` names
+    (C-quoted names unquoted; a rename's or copy's source included)."""
+    from vstack import gitparse
 
-
-def _unfold_subject(header_lines: list[str]) -> str:
-    subject, taking = [], False
-    for line in header_lines:
-        if line.startswith("Subject: "):
-            subject.append(line[len("Subject: ") :])
-            taking = True
-        elif taking and line.startswith((" ", "\t")):
-            subject.append(line.strip())
-        else:
-            taking = False
-    s = " ".join(subject).strip()
-    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", s)
-
-
-def parse_patch(text: str) -> PatchInfo:
-    head, sep, rest = text.partition("\n\n")
-    if not sep:
+    data = (
+        text.encode("utf-8", errors="surrogateescape")
+        if isinstance(text, str)
+        else text
+    )
+    if b"\n\n" not in data.replace(b"\r\n", b"\n"):
         raise VstackError("not a git format-patch file (no header)")
-    subject = _unfold_subject(head.splitlines())
-    # --no-stat output has no "---" line: the diff starts at the first "diff --git".
-    text_ = "\n" + rest
-    cut = text_.find("\ndiff --git ")
-    sep_at = text_.find("\n---\n")
-    if sep_at != -1 and (cut == -1 or sep_at < cut):
-        message, diff = text_[:sep_at], text_[sep_at + 5 :]
-    elif cut != -1:
-        message, diff = text_[:cut], text_[cut + 1 :]
-    else:
-        message, diff = text_, ""
-    paragraphs = message.strip("\n").split("\n\n")
+    mail = gitparse.mailinfo(data)
+    message = f"{mail.subject}\n\n{mail.body}"
+    found = gitparse.trailers(message)
     trailers: dict[str, list[str]] = {}
-    if paragraphs and all(_TRAILER.match(ln) for ln in paragraphs[-1].splitlines()):
-        for ln in paragraphs[-1].splitlines():
-            k, v = _TRAILER.match(ln).groups()
-            trailers.setdefault(k, []).append(v)
-        paragraphs = paragraphs[:-1]
-    files, added, deleted, hunks, changed = [], [], [], [], 0
-    current = None
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            m = re.match(r"diff --git a/(.+) b/(.+)$", line)
-            current = m.group(2) if m else line.split()[-1]
-            files.append(current)
-        elif line.startswith("new file mode") and current:
-            added.append(current)
-        elif line.startswith("deleted file mode") and current:
-            deleted.append(current)
-        elif line.startswith("@@") and current:
-            m = _HUNK.match(line)
-            if m:
-                o, ol, n, nl, hdr = m.groups()
-                hunks.append(
-                    Hunk(current, int(o), int(ol or 1), int(n), int(nl or 1), line)
-                )
-        elif line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
-            changed += 1
+    for key, value in found:
+        trailers.setdefault(key, []).append(value)
+    paragraphs = mail.body.strip("\n").split("\n\n")
+    if found and paragraphs:
+        paragraphs = paragraphs[:-1]  # git's trailer block: the last paragraph
+    files: list[str] = []
+    added, deleted, hunks, changed = [], [], [], 0
+    for f in gitparse.files(mail.patch):
+        for name in (f.old, f.new):
+            if name is not None and name not in files:
+                files.append(name)
+        if f.status == "A":
+            added.append(f.path)
+        elif f.status == "D":
+            deleted.append(f.path)
+        for o, ol, n, nl, header in f.hunks:
+            hunks.append(Hunk(f.path, o, ol, n, nl, header))
+        changed += f.changed
     return PatchInfo(
-        subject=subject,
+        subject=mail.subject,
         body="\n\n".join(paragraphs).strip(),
         trailers=trailers,
         files=files,
@@ -246,6 +226,8 @@ def parse_patch(text: str) -> PatchInfo:
         deleted=deleted,
         hunks=hunks,
         diff_lines=changed,
+        author=mail.author,
+        email=mail.email,
     )
 
 
