@@ -61,9 +61,7 @@ def test_rebase_continue_takes_a_hand_commit_with_the_patchs_message(
     assert mine in refs.split()
 
 
-def test_rebase_skip_after_a_hand_commit_points_to_continue_which_works(
-    stack, capsys
-):
+def test_rebase_skip_after_a_hand_commit_points_to_continue_which_works(stack, capsys):
     new = make_two_wheels(stack)
     assert stack.run("rebase", "--onto", str(new)) == 1
     repo = stack.repo
@@ -105,9 +103,10 @@ def test_apply_continue_takes_a_hand_commit_with_the_patchs_message(
     said = git(repo, "log", "-1", "--format=%s|%an|%ae|%b", "work").strip()
     assert said.startswith("[EPLB] Tune B|T|t@x|B must be twenty for the tests.")
     assert stack.run("export") == 0
-    assert "Subject: [EPLB] Tune B" in (
-        stack.root / "patches/eplb-tune-b.patch"
-    ).read_text()
+    assert (
+        "Subject: [EPLB] Tune B"
+        in (stack.root / "patches/eplb-tune-b.patch").read_text()
+    )
 
 
 def test_commit_as_patch_is_the_commit_git_am_makes(stack, tmp_path):
