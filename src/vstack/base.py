@@ -11,7 +11,7 @@ from pathlib import Path
 from vstack import gitutil
 from vstack.config import Pin, Project
 from vstack.errors import VstackError
-from vstack.fetch import VerifiedCache, fetch_wheel
+from vstack.fetch import VerifiedCache, check_record, fetch_wheel
 from vstack.nightly import fetch_pinned, is_per_commit_pin
 from vstack.wheelzip import read_named
 
@@ -217,6 +217,7 @@ def pinned_wheel(project: Project, pin: Pin | None = None) -> Path:
     wheel = fetch_wheel(
         pin.version, project.wheel_cache, pin.wheel, pin.sha256, verified
     )
+    check_record(wheel, verified)
     _, commit = read_wheel_version(wheel)
     # A per-commit pin records the full id; the wheel reports setuptools-scm's short one.
     if commit and not pin.short_hash.startswith(commit.removeprefix("g")):

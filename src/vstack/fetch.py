@@ -46,6 +46,18 @@ class VerifiedCache:
 
     def remember(self, file: Path, digest: str) -> None:
         self.data[str(file.resolve())] = {"stamp": _stamp(file), "sha256": digest}
+        self._save()
+
+    def record_known(self, file: Path) -> bool:
+        """Whether file's RECORD was checked against its members (unchanged since)."""
+        hit = self.data.get(f"record:{file.resolve()}")
+        return bool(hit and hit["stamp"] == _stamp(file))
+
+    def remember_record(self, file: Path) -> None:
+        self.data[f"record:{file.resolve()}"] = {"stamp": _stamp(file)}
+        self._save()
+
+    def _save(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
@@ -53,6 +65,18 @@ class VerifiedCache:
             os.replace(tmp, self.path)
         except OSError:
             pass  # only an optimisation
+
+
+def check_record(wheel: Path, cache: VerifiedCache | None = None) -> None:
+    """A wheel's RECORD matches its members (vstack.wheelzip.verify_record), checked
+    when it is pinned and before a build copies its lines; once per file state."""
+    from vstack.wheelzip import verify_record
+
+    if cache and cache.record_known(wheel):
+        return
+    verify_record(wheel)
+    if cache:
+        cache.remember_record(wheel)
 
 
 def verify(file: Path, expected: str, cache: VerifiedCache | None = None) -> None:

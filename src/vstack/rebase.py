@@ -57,7 +57,13 @@ from vstack.export import (
     render,
     write_patches,
 )
-from vstack.fetch import VerifiedCache, cache_local_wheel, fetch_wheel, sha256_file
+from vstack.fetch import (
+    VerifiedCache,
+    cache_local_wheel,
+    check_record,
+    fetch_wheel,
+    sha256_file,
+)
 from vstack.nightly import (
     fetch_per_commit,
     image_for,
@@ -319,13 +325,17 @@ def _target_base(
         wheel = Path(onto).resolve()
         if not wheel.is_file():
             raise VstackError(f"no such wheel file: {onto}")
+        check_record(wheel)  # before the wheel cache gets it
         wheel = cache_local_wheel(wheel, project.wheel_cache)
+        verified.remember_record(wheel)
     elif kind == "version":
         wheel = fetch_wheel(onto, project.wheel_cache, verified=verified)
     elif kind == "per-commit":
         per_commit = fetch_per_commit(project, onto, wheel_index)
         wheel = per_commit.wheel
     if kind == "git" and wheel_arg:
+        if wheel_arg.endswith(".whl"):
+            check_record(Path(wheel_arg).resolve())
         wheel = (
             cache_local_wheel(Path(wheel_arg).resolve(), project.wheel_cache)
             if wheel_arg.endswith(".whl")
@@ -333,6 +343,9 @@ def _target_base(
         )
     if wheel is not None:
         sha = per_commit.sha256 if per_commit else sha256_file(wheel)
+        # build copies the RECORD lines of what it does not change: checked now,
+        # before the wheel is pinned
+        check_record(wheel, verified)
     timings["download"] = time.perf_counter() - t
     t = time.perf_counter()
     if kind == "git":

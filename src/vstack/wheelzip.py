@@ -203,3 +203,91 @@ def read_named(
     wanted = set(names)
     with open(path, "rb") as f:
         return {m.name: read_member(f, m) for m in members if m.name in wanted}
+
+
+def _member_digest(f, m: Member) -> tuple[bytes, int]:
+    """(sha256 digest, size) of a member's decompressed bytes, read in chunks."""
+    import hashlib
+
+    f.seek(m.offset)
+    head = f.read(_LFH.size)
+    sig, _, _, method, _, _, _, _, _, name_len, extra_len = _LFH.unpack(head)
+    if sig != LF_SIG:
+        raise VstackError(f"corrupt local header for {m.name}")
+    left = _CDH.unpack_from(m.central)[8]
+    f.seek(m.offset + _LFH.size + name_len + extra_len)
+    if method not in (0, 8):
+        raise VstackError(f"{m.name}: unsupported compression method {method}")
+    inflate = zlib.decompressobj(-15) if method == 8 else None
+    h, size = hashlib.sha256(), 0
+    while left:
+        chunk = f.read(min(left, 1 << 22))
+        if not chunk:
+            raise VstackError(f"{m.name}: the archive ends inside it")
+        left -= len(chunk)
+        data = inflate.decompress(chunk) if inflate else chunk
+        h.update(data)
+        size += len(data)
+    if inflate:
+        tail = inflate.flush()
+        h.update(tail)
+        size += len(tail)
+    return h.digest(), size
+
+
+def record_problems(path: Path) -> list[str]:
+    """What a wheel's RECORD says that its members do not (PEP 376/427): every
+    member but RECORD (and its signatures) listed once with the sha256 and size of
+    its bytes, and no row for a file the wheel lacks. [] when it holds."""
+    import base64
+    import csv
+    import io
+    import re
+
+    members, _ = read_members(path)
+    records = [m for m in members if re.fullmatch(r"[^/]+\.dist-info/RECORD", m.name)]
+    if len(records) != 1:
+        return [f"{len(records)} *.dist-info/RECORD files (a wheel has one)"]
+    record = records[0]
+    skip = {record.name, record.name + ".jws", record.name + ".p7s"}
+    with open(path, "rb") as f:
+        rows = list(csv.reader(io.StringIO(read_member(f, record).decode("utf-8"))))
+        listed: dict[str, tuple[str, str]] = {}
+        found = []
+        for row in rows:
+            if not row:
+                continue
+            name, digest, size = (row + ["", ""])[:3]
+            if name in listed:
+                found.append(f"{name} is listed twice")
+            listed[name] = (digest, size)
+        names = {m.name for m in members}
+        for m in members:
+            if m.name in skip or m.name.endswith("/"):
+                continue
+            if m.name not in listed:
+                found.append(f"{m.name} is not listed")
+                continue
+            digest, size = listed[m.name]
+            got, n = _member_digest(f, m)
+            want = "sha256=" + base64.urlsafe_b64encode(got).rstrip(b"=").decode()
+            if digest != want:
+                found.append(f"{m.name}: RECORD says {digest or '(no hash)'}, the file "
+                             f"is {want}")  # fmt: skip
+            elif size and size != str(n):
+                found.append(f"{m.name}: RECORD says {size} bytes, the file has {n}")
+        found += [f"{n} is listed but not in the wheel" for n in listed
+                  if n not in names and n not in skip]  # fmt: skip
+    return found
+
+
+def verify_record(path: Path) -> None:
+    """Refuse a wheel whose RECORD does not match its members: vstack build copies
+    the RECORD lines of every member it does not change."""
+    found = record_problems(path)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise VstackError(
+            f"{path.name}: its RECORD does not match its files: {found[0]}{more}; a "
+            f"build from it would state a wrong hash: get an intact wheel"
+        )
