@@ -89,7 +89,7 @@ def commit_project(stack) -> None:
     if not (stack.root / ".git").exists():
         git(stack.root, "init", "-q")
     git(stack.root, "add", "-A")
-    git(stack.root, "commit", "-q", "-m", "stack")
+    git(stack.root, "commit", "-q", "--allow-empty", "-m", "stack")
 
 
 def hand_series(stack, make_commits, fmt=(), names=None, bom=False) -> dict[str, bytes]:

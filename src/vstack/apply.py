@@ -123,14 +123,11 @@ _MBOX_FROM = re.compile(rb"^From ([0-9a-f]{40}) Mon Sep 17 00:00:00 2001$", re.M
 
 def _changed_lines(text: bytes) -> list[bytes]:
     """The added and removed lines of a patch's diff, verbatim (whitespace and all;
-    git patch-id ignores whitespace)."""
+    git patch-id ignores whitespace), hunk by hunk as git apply reads them."""
+    from vstack import gitparse
+
     at = text.find(b"\ndiff --git ")
-    if at < 0:
-        return []
-    return [
-        ln for ln in text[at:].split(b"\n")
-        if ln[:1] in (b"+", b"-") and not ln.startswith((b"+++ ", b"--- "))
-    ]  # fmt: skip
+    return gitparse.changed_lines(text[at:]) if at >= 0 else []
 
 
 def _mail_of(repo: Path, text: bytes) -> tuple[str, str, str]:

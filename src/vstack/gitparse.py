@@ -204,7 +204,8 @@ def files(patch: bytes) -> tuple[FileDiff, ...]:
     found = []
     for (name, binary), lines in zip(named, sections, strict=True):
         head: dict[bytes, bytes] = {}
-        hunks, changed, in_hunks = [], 0, False
+        hunks, in_hunks = [], False
+        changed = len(changed_lines(b"\n".join(lines)))
         for line in lines[1:]:
             if line.startswith(b"@@"):
                 h = _hunk_header(line)
@@ -213,8 +214,6 @@ def files(patch: bytes) -> tuple[FileDiff, ...]:
                     in_hunks = True
                 continue
             if in_hunks:
-                if line[:1] in (b"+", b"-"):
-                    changed += 1
                 continue
             for key in (b"new file mode ", b"deleted file mode ", b"old mode ",
                         b"new mode ", b"rename from ", b"copy from "):  # fmt: skip
@@ -262,3 +261,30 @@ def file_headers(text: bytes) -> dict[int, FileDiff]:
     if len(heads) < len(diffs):
         return {}
     return dict(zip(heads[len(heads) - len(diffs) :], diffs, strict=True))
+
+
+def changed_lines(patch: bytes) -> list[bytes]:
+    """The added and removed lines of a patch's hunks, verbatim, each hunk read as
+    far as its header's line counts go, as git apply reads it (what follows the
+    last hunk, such as format-patch's "-- " signature, is not part of it)."""
+    found: list[bytes] = []
+    old = new = 0
+    for line in patch.split(b"\n"):
+        if old > 0 or new > 0:
+            tag = line[:1]
+            if tag == b"\\":
+                continue  # "\ No newline at end of file"
+            if tag == b"-":
+                old -= 1
+                found.append(line)
+            elif tag == b"+":
+                new -= 1
+                found.append(line)
+            else:  # context (" ", or an empty line git reads as one)
+                old, new = old - 1, new - 1
+            continue
+        if line.startswith(b"@@ "):
+            h = _hunk_header(line)
+            if h:
+                old, new = h[1], h[3]
+    return found
