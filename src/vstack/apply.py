@@ -425,6 +425,47 @@ def apply_one(repo: Path, patch: Path) -> PatchResult:
     )
 
 
+def clear_interrupted_git(repo: Path) -> str | None:
+    """Undo what a git child that vstack was running left when it was stopped in the
+    middle of its work (a terminal's Ctrl-C reaches git too): a `git am` state
+    (aborted; removed when git cannot abort a half-written one), a half-checked-out
+    or half-patched work tree. Only called where vstack's own journal says vstack,
+    not the user, was at work there (no stop waiting for a resolution), so the
+    changes are its own; they are still kept, as a commit under
+    refs/vstack/backup/interrupted-*, before the tree is reset. Returns that ref."""
+    if gitutil.op_in_progress(repo) == AM_OP:
+        gitutil.git(repo, "am", "--abort", check=False)
+        if gitutil.op_in_progress(repo) == AM_OP:
+            gitdir = Path(gitutil.out(repo, "rev-parse", "--absolute-git-dir"))
+            fsutil.remove_tree(gitdir / "rebase-apply")  # half-written: no --abort
+    head, _, dirty = repo_state(repo)
+    if not dirty:
+        return None
+    with tempfile.TemporaryDirectory(prefix="vstack-idx-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if head:
+            gitutil.git(repo, "read-tree", head, env=env)
+        gitutil.git(repo, "add", "-A", env=env)
+        tree = gitutil.out(repo, "write-tree", env=env)
+    parents = ["-p", head] if head else []
+    snap = gitutil.out(
+        repo, "commit-tree", tree, *parents, "-m",
+        "vstack: what an interrupted git left in the work tree", env=AM_ENV,
+    )  # fmt: skip
+    ref = backup_branch(repo, "interrupted", snap)
+    if head:
+        gitutil.git(repo, "reset", "-q", "--hard", head)
+    else:
+        gitutil.git(repo, "read-tree", "--empty")
+    gitutil.git(repo, "clean", "-q", "-f", "-d")
+    print(
+        f"vstack: reset what an interrupted git left in {repo} "
+        f"({_names(dirty)}); kept as {ref}",
+        file=sys.stderr,
+    )
+    return ref
+
+
 def start_work_branch(repo: Path, base: Base, branch: str = WORK_BRANCH) -> None:
     gitutil.git(repo, "checkout", "-q", "-f", "-B", branch, base.commit)
 
@@ -498,6 +539,17 @@ def load_journal(project: Project) -> dict | None:
             data.setdefault("series", [])
             return data
     return None
+
+
+def _interrupted_apply(project: Project) -> bool:
+    """Whether an apply (not one stopped for a resolution) was interrupted: its
+    journal says running, also before the work branch was made."""
+    path = project.cache / JOURNAL
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("state", "running") == "running"
 
 
 def save_journal(project: Project, data: dict) -> None:
@@ -650,8 +702,8 @@ def cmd_apply(project: Project, force: bool = False, cont: bool = False) -> int:
     repo = project.repo
     refuse_during_rebase(project, "apply")
     j = load_journal(project)
-    if j and j["state"] == "running" and gitutil.op_in_progress(repo) == AM_OP:
-        gitutil.git(repo, "am", "--abort", check=False)  # the interrupted apply's
+    if _interrupted_apply(project):
+        clear_interrupted_git(repo)  # the interrupted apply's
     ensure_clean(repo)
     require_on_work(repo, "apply")
     tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
@@ -876,8 +928,7 @@ def cmd_apply_continue(project: Project) -> int:
         })  # fmt: skip
     else:
         k, resume = j["next"], j["resume"]
-        if gitutil.op_in_progress(repo) == AM_OP:
-            gitutil.git(repo, "am", "--abort", check=False)  # the interrupted run's
+        clear_interrupted_git(repo)  # the interrupted run's
         head = gitutil.rev_parse(repo, "HEAD")
         if head != resume:
             if not descends(repo, resume, head):

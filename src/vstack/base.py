@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
+import time
 import zipfile
 from pathlib import Path
 
-from vstack import gitutil
+from vstack import fsutil, gitutil
 from vstack.config import Pin, Project
 from vstack.errors import VstackError
 from vstack.fetch import VerifiedCache, check_record, fetch_wheel
@@ -29,12 +31,31 @@ class Base:
 
 
 def ensure_repo(project: Project) -> Path:
+    """The stack repository, made whole or not at all: `git init` runs in a folder
+    beside it that is renamed into place, so a Ctrl-C that reaches git init (or a
+    kill) leaves no half-made repository that every later command trips over."""
     repo = project.repo
-    if not (repo / ".git").exists():
-        repo.mkdir(parents=True, exist_ok=True)
-        gitutil.git(repo, "init", "-q")
-        # A repository of its own for bases and work branches: nothing here is pushed.
-        gitutil.git(repo, "config", "gc.auto", "0")
+    dotgit = repo / ".git"
+    if all((dotgit / n).exists() for n in ("HEAD", "config", "objects", "refs")):
+        return repo
+    if repo.exists() and any(repo.iterdir()):
+        # what a git init killed half-way left (a vstack before this one ran it in
+        # place): kept aside, never removed
+        aside = repo.with_name(f"{repo.name}-broken-{time.strftime('%Y%m%d-%H%M%S')}")
+        fsutil.replace(repo, aside)
+        print(f"vstack: {repo} was no whole git repository: moved to {aside}",
+              file=sys.stderr)  # fmt: skip
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    for old in repo.parent.glob(f".{repo.name}-init-*"):
+        fsutil.remove_tree(old)  # an interrupted init's (under the project lock)
+    tmp = repo.parent / f".{repo.name}-init-{os.getpid()}"
+    tmp.mkdir()
+    gitutil.git(tmp, "init", "-q")
+    # A repository of its own for bases and work branches: nothing here is pushed.
+    gitutil.git(tmp, "config", "gc.auto", "0")
+    if repo.exists():
+        repo.rmdir()  # empty
+    fsutil.replace(tmp, repo)
     return repo
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import os
 import sys
 from pathlib import Path
@@ -487,7 +488,56 @@ def _os_error(e: OSError) -> str:
     return f"{where}: {what}{hint}" if where else f"{what}{hint}"
 
 
+def _resume_hint(args, argv: list[str]) -> str:
+    """The command that finishes what an interrupted command was doing (the state
+    it leaves is recovered by it, as by every later vstack command)."""
+    import shlex
+
+    words = list(argv)
+    if "--root" in words:  # run from the project, as the user does
+        i = words.index("--root")
+        del words[i : i + 2]
+    again = "vstack " + shlex.join(words)
+    try:
+        project = _project(args)
+    except Exception:  # noqa: BLE001 (no project: rerunning is all there is)
+        return f"; `{again}` again finishes it"
+    cache = project.cache
+    if args.verb == "rebase" and not getattr(args, "abort", False):
+        state = cache / "rebase" / "state.json"
+        if state.is_file() and not (
+            getattr(args, "skip", False) and _skip_pending(state)
+        ):
+            return (
+                "; `vstack rebase --continue` goes on from where it was (or `vstack "
+                "rebase --abort` puts everything back)"
+            )
+    if args.verb == "apply":
+        journal = cache / "apply.json"
+        try:
+            j = json.loads(journal.read_text()) if journal.is_file() else {}
+        except ValueError:
+            j = {}
+        if isinstance(j, dict) and (
+            j.get("resume") or (j.get("state") == "stopped" and args.cont)
+        ):
+            return "; `vstack apply --continue` finishes it"
+    return f"; `{again}` finishes it"
+
+
+def _skip_pending(state_file) -> bool:
+    """Whether a rebase --skip has not recorded its skip yet (the stop is still a
+    conflict): rerunning --skip finishes it, --continue would not."""
+    try:
+        d = json.loads(state_file.read_text())
+        last = d["results"][-1]
+        return last["status"] == "conflict" and len(d["results"]) == d["next"] + 1
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     try:
         rc = _run(args)
@@ -497,7 +547,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vstack: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("vstack: interrupted", file=sys.stderr)
+        try:
+            hint = _resume_hint(args, argv)
+        except BaseException:  # noqa: BLE001 (a second Ctrl-C, an unreadable state)
+            hint = ""
+        print(f"vstack: interrupted{hint}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (vstack pin | head -1): stop quietly, as git does;

@@ -28,6 +28,7 @@ from vstack.apply import (
     PatchResult,
     apply_one,
     backup_branch,
+    clear_interrupted_git,
     clear_journal,
     descends,
     ensure_clean,
@@ -638,25 +639,13 @@ def _resync(project: Project, d: dict) -> None:
     checkout of the new base not made yet), instead of trusting that it is there."""
     repo = project.repo
     expected = _expected_head(d)
-    if gitutil.op_in_progress(repo):
-        gitutil.git(repo, "am", "--abort", check=False)
-    head, branch, dirty = repo_state(repo)
+    # No stop waits for the user here: a `git am` or changes in the work tree are
+    # what a git that vstack ran left when it was stopped (Ctrl-C reaches it too);
+    # they are kept under a backup ref, then undone.
+    clear_interrupted_git(repo)
+    head, branch, _ = repo_state(repo)
     if head == expected and branch == WORK_BRANCH:
-        if dirty:
-            raise VstackError(
-                f"uncommitted changes in {repo} ({', '.join(dirty[:3])}) that no patch "
-                f"made: the next patch would be applied over them. Put them aside (git "
-                f"-C {repo} stash -u) or discard them (git -C {repo} reset -q --hard && "
-                f"git -C {repo} clean -q -fd); then --continue"
-            )
         return
-    if dirty:
-        raise VstackError(
-            f"{repo} is not where the rebase left it (HEAD {str(head)[:12]}, the rebase "
-            f"is at {expected[:12]}) and has uncommitted changes "
-            f"({', '.join(dirty[:3])}): vstack will not discard them; put them aside "
-            f"(git -C {repo} stash -u) or discard them, then --continue (or --abort)"
-        )
     # Commits past where the state says the rebase is (a killed `git am`'s, or
     # someone's) are kept under a ref before HEAD goes back; old_work is in the state.
     tip = gitutil.rev_parse(repo, f"refs/heads/{WORK_BRANCH}")
