@@ -14,23 +14,29 @@ once per process however often it is asked about.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
+import os
+import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from vstack import gitutil
 from vstack.errors import VstackError
 
 
-def _git_plain(args: list[str], data: bytes) -> bytes:
+def _git_plain(args: list[str], data: bytes, pass_fds: tuple[int, ...] = ()) -> bytes:
     """git ARGS with data on stdin, run in an empty folder outside any repository."""
     with tempfile.TemporaryDirectory(prefix="vstack-parse-") as tmp:
         env = gitutil.git_env({"GIT_CEILING_DIRECTORIES": str(Path(tmp).parent)})
         p = subprocess.run(
             ["git", *gitutil.config_args(), *args],
-            input=data, capture_output=True, cwd=tmp, env=env,
+            input=data, capture_output=True, cwd=tmp, env=env, pass_fds=pass_fds,
         )  # fmt: skip
+        if p.returncode == -signal.SIGXFSZ:  # killed past `ulimit -f`, without a word
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), f"git {args[0]}")
         if p.returncode != 0:
             said = p.stderr.decode(errors="replace").strip().splitlines()
             raise VstackError(
@@ -55,14 +61,32 @@ def mailinfo(data: bytes, keep: bool = False) -> Mail:
     """git mailinfo of a format-patch text. keep=False strips "[PATCH ...]" from the
     subject (-b, as a reader names the patch); keep=True leaves it whole (-k, what
     `git am --keep` commits)."""
-    with tempfile.TemporaryDirectory(prefix="vstack-mailinfo-") as tmp:
-        msg, patch = Path(tmp) / "msg", Path(tmp) / "patch"
+    # The message and the patch come back through pipes, not files: parsing a
+    # patch writes nothing (a disk that is full or a `ulimit -f` below the patch's
+    # size does not fail a parse; the write that fails names its own file).
+    pipes = [os.pipe(), os.pipe()]
+    got: list[bytes] = [b"", b""]
+
+    def drain(i: int) -> None:
+        with os.fdopen(pipes[i][0], "rb") as f:
+            got[i] = f.read()
+
+    readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in (0, 1)]
+    for t in readers:
+        t.start()
+    try:
         info = _git_plain(
-            ["mailinfo", "-k" if keep else "-b", "--encoding=UTF-8", str(msg), str(patch)],
-            data,
+            ["mailinfo", "-k" if keep else "-b", "--encoding=UTF-8",
+             f"/dev/fd/{pipes[0][1]}", f"/dev/fd/{pipes[1][1]}"],
+            data, pass_fds=(pipes[0][1], pipes[1][1]),
         ).decode("utf-8", errors="replace")  # fmt: skip
-        body = msg.read_bytes().decode("utf-8", errors="replace")
-        diff = patch.read_bytes()
+    finally:
+        for _, w in pipes:
+            os.close(w)
+        for t in readers:
+            t.join()
+    body = got[0].decode("utf-8", errors="replace")
+    diff = got[1]
     fields: dict[str, str] = {}
     for line in info.splitlines():
         key, sep, value = line.partition(": ")
