@@ -24,7 +24,9 @@ network steps; the CLI is scripts/drift.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -621,6 +623,11 @@ def history(spec: str, old: str, old_version: str, new: str, cache: Path) -> His
         repo, "rev-list", "--first-parent", "--reverse", news, f"^{olds}"
     )
     commits = [olds] + [s for s in listed.split() if re.fullmatch(r"[0-9a-f]{40}", s)]
+    if commits[-1] != news:
+        raise VstackError(
+            f"vLLM {news[:12]} is not after the pinned {olds[:12]} in {spec}: no "
+            f"upstream commits between them to bisect"
+        )
     return History(repo, spec, commits, note)
 
 
@@ -630,8 +637,10 @@ def _fetched(url: str, cache: Path, old: str, old_version: str, new: str) -> Pat
     repo = cache / f"vllm-{hashlib.sha1(url.encode()).hexdigest()[:12]}.git"
     print(f"==> vLLM history from {url}", flush=True)
     if not (repo / "HEAD").is_file():
+        # (under drift's lock on cache: any .clone-* is what a killed run left)
+        for left in cache.glob(".clone-*"):
+            fsutil.remove_tree(left)
         tmp = cache / f".clone-{os.getpid()}"
-        fsutil.remove_tree(tmp)
         p = _net_git(["clone", "-q", "--bare", "--filter=tree:0", "--single-branch",
                       "--no-tags", url, str(tmp)])  # fmt: skip
         if p.returncode != 0:
@@ -944,7 +953,16 @@ def run_drift(args) -> int:
     try:
         return _drift(args, root, out, work, py)
     except VstackError as e:
-        print(f"drift: error: {str(e).replace(str(work), COPY)}", file=sys.stderr)
+        why = str(e).replace(str(work), COPY).replace(str(work.resolve()), COPY)
+        # a report still: the publish step opens an issue that says why
+        report = {
+            "target": args.onto, "verdict": "error", "rebased": False,
+            "summary": f"drift could not run: {why}", "patches": [], "steps": [],
+            "reproduce": f"scripts/drift --onto {args.onto}",
+        }  # fmt: skip
+        fsutil.write_text(out / "drift.md", render_md(report))
+        fsutil.write_text(out / "drift.json", json.dumps(report, indent=2) + "\n")
+        print(f"drift: error: {why}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -1096,9 +1114,7 @@ def _culprits(args, root, project, c, reb, series, rows, report, out) -> None:
 
     sources = None
     try:
-        from vstack.locks import held_folder
-
-        with held_folder(cache):
+        with _cache_lock(cache):
             hist = history(
                 spec, reb.old["commit"].removeprefix("g"), reb.old["version"],
                 reb.new["commit"].removeprefix("g"), cache,
@@ -1128,6 +1144,22 @@ def _culprits(args, root, project, c, reb, series, rows, report, out) -> None:
     lines.append(cost)
     print(f"drift: {cost}", flush=True)
     fsutil.write_text(out / "bisect.log", "\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: Path):
+    """One drift at a time uses the caches under cache (the lock is released by the
+    kernel when the holder dies); a second one says that it waits."""
+    fd = os.open(cache / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"drift: waiting for another drift using {cache} ...", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _write_bump(c: Copy, out: Path) -> None:
@@ -1309,6 +1341,7 @@ def _bump_pr(
         )
     with tempfile.TemporaryDirectory(prefix="vstack-bump-") as tmp:
         wt = Path(tmp) / "wt"
+        gitutil.git(checkout, "worktree", "prune", check=False)  # a killed run's
         gitutil.git(checkout, "worktree", "add", "-q", "--detach", str(wt), "HEAD")
         try:
             _fill(wt, out / BUMP, nightly)
