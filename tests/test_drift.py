@@ -4,10 +4,15 @@ GitHub Actions job that runs it parses."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from vstack_testlib import ROOT, git, make_wheel, per_commit_repo, serve
@@ -170,6 +175,15 @@ def test_drift_fails_on_a_record_made_from_another_version_of_the_patch(stack, d
 
 
 def test_drift_says_why_when_the_nightly_cannot_be_fetched(stack, tmp_path):
+    # what drifts killed with SIGKILL left is removed; what is not known to be a
+    # drift's (no .lock), or a drift at work (its .lock held), is left alone
+    killed = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
+    (killed / ".lock").write_text("")
+    (killed / "stack").mkdir()
+    unknown = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
+    running = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
+    fd = os.open(running / ".lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
     p = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "drift"), "--root", str(stack.root),
          "--wheel-index", "http://127.0.0.1:9", "--out", str(tmp_path / "out"),
@@ -182,6 +196,23 @@ def test_drift_says_why_when_the_nightly_cannot_be_fetched(stack, tmp_path):
     assert "127.0.0.1:9" in (tmp_path / "out/drift.md").read_text()
     assert json.loads((tmp_path / "out/drift.json").read_text())["verdict"] == "error"
     assert "Traceback" not in p.stdout + p.stderr
+    os.close(fd)
+    assert not killed.exists() and unknown.is_dir() and running.is_dir()
+    shutil.rmtree(unknown)
+    shutil.rmtree(running)
+
+
+def test_drift_refuses_a_root_without_stack_toml(tmp_path):
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "drift"), "--root", str(tmp_path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        f"drift: error: {tmp_path} has no stack.toml: give the stack's folder with "
+        f"--root"
+    )
 
 
 def test_the_drift_job_parses_and_runs_the_script():

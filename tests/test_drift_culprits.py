@@ -198,7 +198,8 @@ def test_drift_tries_every_patch_and_names_the_commit_that_broke_each(
         ln for ln in md.splitlines() if ln.startswith("| 1 | eplb-edit-a.patch")
     )
     assert (
-        f"| conflict | {c[3]} [EPLB] rework line 5 of a.py (#101) (PR #101) |" in line_a
+        f"| conflict | {c[3]} `[EPLB] rework line 5 of a.py (#101)` (PR #101) |"
+        in line_a
     )
     assert any(
         ln.startswith("| 3 | eplb-edit-b.patch | conflict |") and c[6] in ln
@@ -388,8 +389,8 @@ def test_the_workflow_opens_one_issue_then_one_bump_pr(
     assert issue["labels"] == ["vstack-drift"]
     body = issue["body"]
     assert f"scripts/vstack rebase --onto {c[8]}" in body
-    assert f"- eplb-edit-a.patch (conflict): {c[3]} [EPLB] rework line 5" in body
-    assert f"- eplb-edit-b.patch (conflict): {c[6]} Merge pull request #202" in body
+    assert f"- eplb-edit-a.patch (conflict): {c[3]} `[EPLB] rework line 5" in body
+    assert f"- eplb-edit-b.patch (conflict): {c[6]} `Merge pull request #202" in body
     assert "- eplb-edit-a-again.patch (blocked by eplb-edit-a.patch): " in body
 
     # A nightly that applies: the bump is pushed to one branch, one PR opened, the
@@ -544,3 +545,20 @@ def test_drift_tries_the_rest_itself_when_the_rebase_cannot_go_past_a_stop(
         "tried by drift on top of where the rebase stopped (the rebase did not go on "
         "after eplb-edit-a.patch)"
     ]
+
+
+def test_an_upstream_subject_is_inline_code_in_the_report():
+    """A subject's @name (vLLM's say @torch.compile) must not mention a GitHub user
+    in the issue, nor its | split the table."""
+    from vstack.drift import render_md
+
+    row = {
+        "patch": "p.patch", "status": "conflict", "files": [], "details": [],
+        "first_bad": {"commit": "a" * 40, "subject": "[Core] @torch.compile | `x` (#5)",
+                      "pr": 5},
+    }  # fmt: skip
+    md = render_md({"target": "nightly", "verdict": "fail", "summary": "s",
+                    "rebased": True, "old": None, "new": None, "patches": [row]})  # fmt: skip
+    line = next(ln for ln in md.splitlines() if ln.startswith("| 1 |"))
+    assert f"| {'a' * 40} `` [Core] @torch.compile \\| `x` (#5) `` (PR #5) |" in line
+    assert "- p.patch (conflict): " + "a" * 40 + " `` [Core] @torch.compile | `x`" in md

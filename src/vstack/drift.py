@@ -221,7 +221,8 @@ def render_md(report: dict) -> str:
                 + [f"upstream: {c}" for c in r.get("upstream_commits", [])]
             )
             lines.append(
-                f"| {i} | {r['patch']} | {status_text(r)} | {_cell(culprit_text(r))} | "
+                f"| {i} | {_cell(r['patch'])} | {_cell(status_text(r))} | "
+                f"{_cell(culprit_text(r))} | "
                 f"{', '.join(r.get('files', []))} | {det} |"
             )
         lines.append("")
@@ -248,11 +249,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _code(text: str) -> str:
+    """text as inline code: an upstream subject's @name must not mention anyone
+    (vLLM's say @torch.compile) in the issue drift opens."""
+    if "`" not in text:
+        return f"`{text}`"
+    quoted = text.replace("``", "'")
+    return f"`` {quoted} ``"
+
+
 def culprit_text(row: dict) -> str:
     fb = row.get("first_bad")
     if fb:
         pr = f" (PR #{fb['pr']})" if fb.get("pr") else ""
-        return f"{fb['commit']} {fb['subject']}{pr}"
+        return f"{fb['commit']} {_code(fb['subject'])}{pr}"
     rng = row.get("first_bad_range")
     if rng:
         return (
@@ -948,10 +958,21 @@ def run_drift(args) -> int:
     for name in OUTPUTS:
         fsutil.remove(out / name)
     fsutil.remove_tree(out / BUMP)
+    if not (root / "stack.toml").is_file():
+        print(
+            f"drift: error: {root} has no stack.toml: give the stack's folder with "
+            f"--root",
+            file=sys.stderr,
+        )
+        return 2
     py = args.python or os.environ.get("VSTACK_TEST_PYTHON")
+    from vstack.locks import held_folder
+
+    _sweep_copies()
     work = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
     try:
-        return _drift(args, root, out, work, py)
+        with held_folder(work):
+            return _drift(args, root, out, work, py)
     except VstackError as e:
         why = str(e).replace(str(work), COPY).replace(str(work.resolve()), COPY)
         # a report still: the publish step opens an issue that says why
@@ -966,6 +987,27 @@ def run_drift(args) -> int:
         return 1
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _sweep_copies() -> None:
+    """Remove the copies that drifts killed with SIGKILL left (a copy, a wheel half
+    downloaded): a folder of ours has a .lock its drift holds while it runs; one
+    without a .lock is not known to be ours and is left alone."""
+    for d in Path(tempfile.gettempdir()).glob("vstack-drift-*"):
+        lock = d / ".lock"
+        if not lock.is_file():
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a drift at work
+        finally:
+            os.close(fd)
+        fsutil.remove_tree(d)
 
 
 def _drift(args, root: Path, out: Path, work: Path, py) -> int:
@@ -1059,10 +1101,10 @@ def _drift(args, root: Path, out: Path, work: Path, py) -> int:
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
             f.write(md + "\n")
-    for r in rows:
-        line = f"  {status_text(r):<24} {r['patch']}"
+    for i, r in enumerate(rows, 1):
+        line = f"  {i:>2}. {r['patch']}: {status_text(r)}"
         if r["status"] in FAILED:
-            line += f"  <- {culprit_text(r)}"
+            line += f"; first bad upstream commit: {culprit_text(r)}"
         print(line)
     ok = report["verdict"] == "ok"
     print(f"drift: {'OK' if ok else 'FAIL: ' + report['summary']} (report: {out})")
@@ -1221,16 +1263,23 @@ def _where(report: dict) -> str:
     return f"vLLM {n.get('version', report['target'])} (commit {commit})"
 
 
+def _short(title: str, n: int = 200) -> str:
+    """GitHub refuses a title over 256 characters."""
+    return title if len(title) <= n else title[: n - 3] + "..."
+
+
 def pr_title(report: dict) -> str:
     o = report.get("old") or {}
-    return f"vLLM bump: {o.get('version', '?')} -> {_where(report)}"
+    return _short(f"vLLM bump: {o.get('version', '?')} -> {_where(report)}")
 
 
 def issue_title(report: dict) -> str:
     failed = [r for r in report.get("patches") or [] if r["status"] in FAILED]
     if failed:
-        return f"vLLM drift: {len(failed)} patch(es) stop applying on {_where(report)}"
-    return f"vLLM drift: {report['summary'].split(' (')[0]} on {_where(report)}"
+        what = f"{len(failed)} patch(es) stop applying"
+    else:
+        what = report["summary"].split(" (")[0]
+    return _short(f"vLLM drift: {what} on {_where(report)}")
 
 
 def publish(args) -> int:
