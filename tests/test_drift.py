@@ -215,6 +215,21 @@ def test_drift_refuses_a_root_without_stack_toml(tmp_path):
     )
 
 
+def test_drift_help_and_the_readme_say_how_to_use_it():
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "drift"), "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    for needed in ("--vllm-repo PATH_OR_URL", "--max-probes N", "--publish",
+                   "blocked by", "first bad", "docs/drift.md"):  # fmt: skip
+        assert needed in p.stdout, needed
+    readme = (ROOT / "README.md").read_text()
+    assert "[docs/drift.md](docs/drift.md)" in readme
+    doc = (ROOT / "docs" / "drift.md").read_text()
+    assert "--vllm-repo PATH_OR_URL" in doc and "scripts/drift --publish" in doc
+
+
 def test_the_drift_job_parses_and_runs_the_script():
     yaml = pytest.importorskip("yaml")
     job = yaml.safe_load((ROOT / "ci" / "drift.yml").read_text())

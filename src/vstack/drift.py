@@ -83,7 +83,8 @@ vstack/drift-bump and opens or updates one PR with the report as its body, and
 closes the drift issue; otherwise it opens or updates one issue (label
 vstack-drift) with the conflict set and the culprits. See docs/drift.md.
 
-Usage: scripts/drift [--onto nightly] [--out DIR] [--python PY] [-- pytest args]
+Usage: scripts/drift [--onto nightly] [--vllm-repo PATH_OR_URL] [--out DIR]
+                     [--python PY] [--max-probes N] [-- pytest args]
        scripts/drift --publish [--out DIR] [--base BRANCH]
 """
 
@@ -108,7 +109,10 @@ PROGRESS = (
 COPY = "<drift's copy, deleted>"
 # GitHub refuses an issue or PR body over 65536 characters.
 BODY_MAX = 60000
-DEFAULT_MAX_PROBES = 24
+# A probe: one wheel downloaded (~240-340 MB) and ~20 s of import, fetch and git am
+# on 2 cores (docs/drift.md); ~12 probes name one culprit in a few thousand
+# commits, so 40 name about three in 15-25 minutes of the job's 120.
+DEFAULT_MAX_PROBES = 40
 
 STATUS_TEXT = {
     "3way": "3-way",
