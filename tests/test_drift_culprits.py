@@ -221,6 +221,13 @@ def test_drift_tries_every_patch_and_names_the_commit_that_broke_each(
     ]:
         assert "vstack-drift-" not in text
     assert "resolve the conflict markers" not in p.stdout + p.stderr
+    # the progress calls a patch drift leaves out what it is (vstack's --skip in
+    # the copy says "superseded")
+    assert (
+        "  [1/7] conflict         eplb-edit-a.patch (left out: the patches after it "
+        "are tried without it)\n" in p.stdout
+    )
+    assert "superseded" not in p.stdout
     assert "bisect cost: 5 wheel(s) fetched, 0 from the cache" in p.stdout
 
     # Again, the repository now from .gitmodules (a URL: a commits-only clone is
@@ -525,8 +532,8 @@ def test_drift_tries_the_rest_itself_when_the_rebase_cannot_go_past_a_stop(
 
     real = drift.Copy.vstack
 
-    def no_skip(self, *args):
-        return 1 if "--skip" in args else real(self, *args)
+    def no_skip(self, *args, **kw):
+        return 1 if "--skip" in args else real(self, *args, **kw)
 
     monkeypatch.setattr(drift.Copy, "vstack", no_skip)
     per_commit_repo(upstream["index"], upstream["wheels"], upstream["c"][8])

@@ -306,7 +306,7 @@ class Copy:
 
     def run(self, cmd: list[str], log: str, echo=None, **kw) -> int:
         """cmd with its output kept in log (the copy's paths replaced) and shown
-        (all of it, or the lines echo() accepts)."""
+        (all of it, or what echo(line) returns: the line to show, or nothing)."""
         with open(self.out / log, "a") as f:
             f.write(self.clean(f"$ {' '.join(cmd)}\n"))
             f.flush()
@@ -317,15 +317,31 @@ class Copy:
             )  # fmt: skip
             for line in p.stdout:
                 line = self.clean(line)
-                if echo is None or echo(line):
-                    sys.stdout.write(line)
+                shown = line if echo is None else echo(line)
+                if shown:
+                    sys.stdout.write(shown)
                     sys.stdout.flush()
                 f.write(line)
             return p.wait()
 
-    def vstack(self, *args: str) -> int:
+    def vstack(self, *args: str, left_out: str | None = None) -> int:
+        """vstack in the copy, its progress shown; left_out: the patch this call
+        skips, shown as the conflict it is (the copy's --skip is drift's way past
+        it: vstack itself calls it "superseded")."""
         cmd = [str(TOOL / "scripts" / "vstack"), "--root", str(self.proj), *args]
-        return self.run(cmd, "rebase.log", echo=lambda ln: ln.startswith(PROGRESS))
+
+        def echo(line: str) -> str | None:
+            if not line.startswith(PROGRESS):
+                return None
+            m = re.fullmatch(r"(\s*\[\d+/\d+\] )superseded +(\S+)\n?", line)
+            if m and m[2] == left_out:
+                return (
+                    f"{m[1]}{'conflict':<16} {left_out} (left out: the patches after "
+                    f"it are tried without it)\n"
+                )
+            return line
+
+        return self.run(cmd, "rebase.log", echo=echo)
 
     def state(self) -> dict | None:
         p = self.proj / ".vstack" / "rebase" / "state.json"
@@ -408,7 +424,7 @@ def rebase_every_patch(c: Copy, onto: str, index_flag: str | None) -> Rebased:
                 for k in ("patch", "status", "files", "details", "upstream_commits")
             }
             skipped[name]["head"] = last.get("head")
-            c.vstack("rebase", "--skip", "--reason", SKIP_REASON)
+            c.vstack("rebase", "--skip", "--reason", SKIP_REASON, left_out=name)
         d = c.state()
     if d is not None:
         return _failed(c, d, skipped, stale)
