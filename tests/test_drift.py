@@ -4,12 +4,22 @@ GitHub Actions job that runs it parses."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from vstack_testlib import ROOT, git, make_wheel, per_commit_repo, serve
+
+from vstack.records import with_patch_hash
+
+STATE = "vllm/distributed/eplb/state.py"
 
 TEST = """import vllm
 import vllm.config
@@ -92,16 +102,35 @@ def test_drift_ok_writes_the_table_and_the_report(stack, drift):
     assert "| 1 | eplb-change-line-5.patch | clean |" in summary
     assert "- tests: passed" in summary
     assert "1 passed" in (out / "tests.log").read_text()
-    assert (out / "rebase.json").is_file() and (out / "rebase.md").is_file()
+    report = json.loads((out / "drift.json").read_text())
+    assert report["verdict"] == "ok"
+    assert [(r["patch"], r["status"]) for r in report["patches"]] == [
+        ("eplb-change-line-5.patch", "clean")
+    ]
+    # the bump a PR would carry: the pin moved to the nightly
+    bumped = (out / "bump" / "stack.toml").read_text()
+    assert f'commit = "g{_sha("ok")}"' in bumped
+    assert (out / "bump/patches/eplb-change-line-5.patch").is_file()
     assert stack.snapshot() == before  # a throwaway copy was rebased
 
 
 def test_drift_fails_when_a_patch_stops_applying(drift):
     p, summary, out = drift("conflict")
     assert p.returncode == 1
-    assert "**FAIL**: eplb-change-line-5.patch stops applying" in summary
+    assert (
+        "**FAIL**: 1 of 1 patches stop applying: eplb-change-line-5.patch (conflict)"
+        in summary
+    )
     assert "| 1 | eplb-change-line-5.patch | conflict |" in summary
-    assert "conflict" in (out / "rebase.json").read_text()
+    (row,) = json.loads((out / "drift.json").read_text())["patches"]
+    assert row["status"] == "conflict" and row["files"] == [STATE]
+    # no vLLM repository here: said, not guessed
+    assert row["culprit_note"].startswith("not bisected: no vLLM repository")
+    assert (
+        f"reproduce locally: scripts/vstack rebase --onto {_sha('conflict')}"
+        in p.stdout
+    )
+    assert not (out / "bump").exists()
 
 
 def test_drift_fails_when_the_nightly_breaks_a_test(drift):
@@ -125,6 +154,80 @@ def test_drift_fails_when_a_recorded_resolution_goes_stale(stack, drift):
         "**FAIL**: the recorded resolution resolutions/1.0.1/eplb-change-line-5.patch "
         "is stale: it no longer applies" in summary
     )
+    # the patch itself applies without the record: that is its status's detail
+    assert "| 1 | eplb-change-line-5.patch | stale record |" in summary
+    assert "without the record the patch is clean" in summary
+
+
+def test_drift_fails_on_a_record_made_from_another_version_of_the_patch(stack, drift):
+    patch = (stack.root / "patches/eplb-change-line-5.patch").read_text()
+    record = stack.root / "resolutions/1.0.1/eplb-change-line-5.patch"
+    record.parent.mkdir(parents=True)
+    record.write_text(with_patch_hash(patch, "0" * 64))
+    p, summary, _ = drift("conflict")
+    assert p.returncode == 1
+    assert (
+        "the recorded resolution resolutions/1.0.1/eplb-change-line-5.patch is stale: "
+        "it was recorded from another version of the patch" in summary
+    )
+    # and without it the patch stops applying too: one status, both facts
+    assert "| 1 | eplb-change-line-5.patch | conflict |" in summary
+
+
+def test_drift_says_why_when_the_nightly_cannot_be_fetched(stack, tmp_path):
+    # what drifts killed with SIGKILL left is removed; what is not known to be a
+    # drift's (no .lock), or a drift at work (its .lock held), is left alone
+    killed = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
+    (killed / ".lock").write_text("")
+    (killed / "stack").mkdir()
+    unknown = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
+    running = Path(tempfile.mkdtemp(prefix="vstack-drift-"))
+    fd = os.open(running / ".lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "drift"), "--root", str(stack.root),
+         "--wheel-index", "http://127.0.0.1:9", "--out", str(tmp_path / "out"),
+         "--python", sys.executable],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 1, p.stdout + p.stderr
+    last = p.stdout.strip().splitlines()
+    assert any(ln.startswith("drift: FAIL: the rebase failed: ") for ln in last)
+    assert "127.0.0.1:9" in (tmp_path / "out/drift.md").read_text()
+    assert json.loads((tmp_path / "out/drift.json").read_text())["verdict"] == "error"
+    assert "Traceback" not in p.stdout + p.stderr
+    os.close(fd)
+    assert not killed.exists() and unknown.is_dir() and running.is_dir()
+    shutil.rmtree(unknown)
+    shutil.rmtree(running)
+
+
+def test_drift_refuses_a_root_without_stack_toml(tmp_path):
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "drift"), "--root", str(tmp_path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        f"drift: error: {tmp_path} has no stack.toml: give the stack's folder with "
+        f"--root"
+    )
+
+
+def test_drift_help_and_the_readme_say_how_to_use_it():
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "drift"), "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    for needed in ("--vllm-repo PATH_OR_URL", "--max-probes N", "--publish",
+                   "blocked by", "first bad", "docs/drift.md"):  # fmt: skip
+        assert needed in p.stdout, needed
+    readme = (ROOT / "README.md").read_text()
+    assert "[docs/drift.md](docs/drift.md)" in readme
+    doc = (ROOT / "docs" / "drift.md").read_text()
+    assert "--vllm-repo PATH_OR_URL" in doc and "scripts/drift --publish" in doc
 
 
 def test_the_drift_job_parses_and_runs_the_script():
@@ -141,6 +244,17 @@ def test_the_drift_job_parses_and_runs_the_script():
     assert uploads and uploads[0]["if"] == "always()"
     # the pinned test lock and torch, as scripts/test installs them
     assert "requirements/cpu-test.txt" in runs and "torch==2.13.0+cpu" in runs
+    # acted on: the publish step runs after drift, OK or FAIL, with what gh needs
+    (drift,) = [s for s in steps if "scripts/drift --onto" in s.get("run", "")]
+    (publish,) = [s for s in steps if "scripts/drift --publish" in s.get("run", "")]
+    assert steps.index(publish) > steps.index(drift) and drift["id"] == "drift"
+    assert "steps.drift.outcome == 'failure'" in publish["if"]
+    assert "GH_TOKEN" in publish["env"]
+    perms = job["permissions"]
+    assert perms == {"contents": "write", "pull-requests": "write", "issues": "write"}
+    # the bisection's caches survive the night
+    paths = [s["with"]["path"] for s in steps if "actions/cache" in s.get("uses", "")]
+    assert "~/.cache/vstack/drift" in paths
 
 
 def test_drift_out_is_a_folder_of_its_own(stack, tmp_path):
