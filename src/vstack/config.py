@@ -119,6 +119,12 @@ def parse_pin(data: dict, where: str) -> Pin:
         raise VstackError(f"{where}: [base] lacks {', '.join(missing)}")
     if base.get("wheel") and not re.fullmatch(r"[0-9a-f]{64}", base.get("sha256", "")):
         raise VstackError(f"{where}: [base] sha256 is not 64 lowercase hex digits")
+    digest = base.get("image_digest", "")
+    if digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise VstackError(
+            f'{where}: [base] image_digest is not "sha256:" and 64 lowercase hex '
+            f'digits (or "" to follow the image tag)'
+        )
     return Pin(
         version=base["version"],
         commit=base["commit"],
