@@ -188,7 +188,7 @@ def test_dockerfile_passes_hadolint(stack):
         )
         assert stack.run("build") == 0
         dockerfile = stack.root / "dist" / "image" / "Dockerfile"
-        ref = f"{image}@{digest}" if digest else image
+        ref = f"docker.io/{image}@{digest}" if digest else f"docker.io/{image}"
         assert f"FROM {ref}\n" in dockerfile.read_text()
         p = subprocess.run(
             [str(hadolint), "--no-color", str(dockerfile)],

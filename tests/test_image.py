@@ -199,6 +199,26 @@ def test_layer_equals_the_patched_wheel_installed_by_pip(stack, tmp_path):
     assert p.returncode == 0 and p.stdout.endswith("vstack-layer: ok\n"), p.stderr
 
 
+def test_empty_series_layer_changes_only_the_version(stack, tmp_path):
+    """No patch: the layer still renames vLLM to <version>+eplb.empty (_version.py,
+    the dist-info), as pip's install of the built wheel has it."""
+    stock = stock_wheel(stack)
+    assert stack.run("build") == 0
+    env = tmp_path / "env"
+    py = venv(env)
+    wheel = next((stack.root / "dist").glob("*.whl"))
+    assert "+eplb.empty-" in wheel.name
+    install(py, wheel, "--no-compile")
+    want = tree(env)
+    shutil.rmtree(env)
+    py = venv(env)
+    install(py, stock, "--no-compile")
+    p = apply_layer(stack, py, tmp_path / "opt")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 file(s) written, 0 removed" in p.stdout
+    assert tree(env) == want
+
+
 def test_context_holds_only_the_delta(stack):
     stock_wheel(stack)
     info = series_and_build(stack)
@@ -235,7 +255,8 @@ def test_dockerfile_from_labels_and_note(stack, capsys):
     )
     assert note in err
     text = (stack.root / "dist/image/Dockerfile").read_text()
-    assert "\nFROM vllm/vllm-openai:v1.0.0\n" in text
+    # fully qualified: podman and buildah resolve no short names by default
+    assert "\nFROM docker.io/vllm/vllm-openai:v1.0.0\n" in text
     labels = dict(re.findall(r'([a-z][\w.-]+)="([^"]*)"', text.split("\nLABEL ")[1]))
     patches = (stack.root / "patches/series").read_text().split()
     patches = [p for p in patches if p.endswith(".patch")]
@@ -263,7 +284,12 @@ def test_dockerfile_from_labels_and_note(stack, capsys):
     assert stack.run("build") == 0
     assert "follows the tag" not in capsys.readouterr().err
     text = (stack.root / "dist/image/Dockerfile").read_text()
-    assert f"\nFROM vllm/vllm-openai:v1.0.0@{digest}\n" in text
+    assert f"\nFROM docker.io/vllm/vllm-openai:v1.0.0@{digest}\n" in text
+    in_image = json.loads((stack.root / "dist/image/build.json").read_text())
+    assert in_image["image"] == {
+        "from": f"docker.io/vllm/vllm-openai:v1.0.0@{digest}",
+        "revision": head,
+    }
     assert f'org.opencontainers.image.base.digest="{digest}"' in text
     assert f'org.opencontainers.image.revision="{head}"' in text
     # uncommitted patches/: the revision says so

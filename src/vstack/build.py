@@ -262,6 +262,13 @@ def qualified_image(image: str) -> str:
     return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
 
 
+def from_reference(pin: Pin) -> str:
+    """The Dockerfile's FROM: fully qualified (podman and buildah resolve no short
+    names by default), by digest when stack.toml pins one."""
+    base = qualified_image(pin.image)
+    return f"{base}@{pin.image_digest}" if pin.image_digest else base
+
+
 def _label_value(text: str) -> str:
     # a double-quoted Dockerfile value: \ and " escaped, $ kept from substitution
     return '"' + re.sub(r'(["\\$])', r"\\\1", text) + '"'
@@ -324,6 +331,7 @@ def dockerfile(pin: Pin, plan: BuildPlan, patches: list[Path], layer: dict,
                revision: str | None, context: str) -> str:  # fmt: skip
     tag = plan.version.replace("+", "-")
     size = sum(f["size"] for f in layer["files"])
+    base = qualified_image(pin.image)
     labels = {
         "org.opencontainers.image.title": "vllm-eplb",
         "org.opencontainers.image.description": (
@@ -332,7 +340,7 @@ def dockerfile(pin: Pin, plan: BuildPlan, patches: list[Path], layer: dict,
         ),
         "org.opencontainers.image.version": plan.version,
         "org.opencontainers.image.revision": revision,
-        "org.opencontainers.image.base.name": qualified_image(pin.image),
+        "org.opencontainers.image.base.name": base,
         "org.opencontainers.image.base.digest": pin.image_digest or None,
         "vstack.series": series_digest(patches),
         "vstack.patches": ",".join(p.name for p in patches),
@@ -347,7 +355,7 @@ def dockerfile(pin: Pin, plan: BuildPlan, patches: list[Path], layer: dict,
 # and vLLM's new dist-info; the whole wheel is beside this folder, for pip.
 # Build with this folder as the context (BuildKit: docker 23+, podman, buildah):
 #   docker build -t vllm-eplb:{tag} {context}
-FROM {pin.image_ref}
+FROM {from_reference(pin)}
 LABEL {label_lines}
 # {LAYER_SCRIPT} finds where the image installed vLLM, checks the files it changes
 # are the pinned wheel's, writes the series' files and the new dist-info (RECORD
@@ -380,7 +388,7 @@ def write_image_context(
     files[LAYER_SCRIPT] = LAYER_PAYLOAD.read_bytes()
     files["layer.json"] = (json.dumps(layer, indent=2) + "\n").encode()
     image_info = {k: v for k, v in info.items() if k != "seconds"}
-    image_info["image"] = {"from": project.pin.image_ref, "revision": revision}
+    image_info["image"] = {"from": from_reference(project.pin), "revision": revision}
     files["build.json"] = (json.dumps(image_info, indent=2) + "\n").encode()
     files["Dockerfile"] = dockerfile(
         project.pin, plan, patches, layer, revision, context
