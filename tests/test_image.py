@@ -304,16 +304,29 @@ def test_dockerfile_from_labels_and_note(stack, capsys):
     )
 
 
-def test_a_bad_image_digest_is_one_line(stack, capsys):
+@pytest.mark.parametrize(
+    "old,new,says",
+    [
+        ('image_digest = ""', 'image_digest = "abc"',
+         '[base] image_digest is not "sha256:" and 64 lowercase hex digits (or "" to '
+         "follow the image tag)"),
+        # a digest in image: FROM image@image_digest would have two
+        (':v1.0.0"', f':v1.0.0@sha256:{"ab" * 32}"',
+         "[base] image must be a name and tag without spaces or a digest "
+         "(vllm/vllm-openai:v0.34.0); put the digest in image_digest"),
+        # a line break would add a line of its own to the Dockerfile
+        (':v1.0.0"', r':v1.0.0\nRUN rm -rf /"', "put the digest in image_digest"),
+    ],
+)  # fmt: skip
+def test_a_bad_image_or_digest_is_one_line(stack, capsys, old, new, says):
     toml = stack.root / "stack.toml"
-    toml.write_text(
-        toml.read_text().replace('image_digest = ""', 'image_digest = "abc"')
-    )
+    assert old in toml.read_text()
+    toml.write_text(toml.read_text().replace(old, new))
     capsys.readouterr()
     assert stack.run("build") == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith('[base] image_digest is not "sha256:" and 64 lowercase hex '
-                            'digits (or "" to follow the image tag)')  # fmt: skip
+    assert err[-1].endswith(says)
+    assert not (stack.root / "dist" / "image").exists()
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,12 @@ def parse_pin(data: dict, where: str) -> Pin:
         raise VstackError(f"{where}: [base] lacks {', '.join(missing)}")
     if base.get("wheel") and not re.fullmatch(r"[0-9a-f]{64}", base.get("sha256", "")):
         raise VstackError(f"{where}: [base] sha256 is not 64 lowercase hex digits")
+    if "@" in base["image"] or re.search(r"\s", base["image"]):
+        # FROM {image}@{image_digest}: a digest in image too would make it invalid
+        raise VstackError(
+            f"{where}: [base] image must be a name and tag without spaces or a "
+            f"digest (vllm/vllm-openai:v0.34.0); put the digest in image_digest"
+        )
     digest = base.get("image_digest", "")
     if digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         raise VstackError(
