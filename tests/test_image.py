@@ -444,3 +444,28 @@ def test_a_vllm_problem_the_base_had_is_not_the_layers(stack, tmp_path):
         "vstack-layer: pip check: 1 line(s) about vllm, each as in the base image: "
         "vllm <version> requires not-installed-anywhere, which is not installed."
     ) in p.stdout
+
+
+def test_build_prints_the_docker_build_command(stack, capsys, monkeypatch, tmp_path):
+    """The build's last line is the docker build command, its context named as the
+    user's shell sees it (relative inside the project, absolute outside, --out as
+    given); the Dockerfile's own comment has the same tag."""
+    monkeypatch.chdir(stack.root)
+    capsys.readouterr()
+    assert stack.run("build") == 0
+    out = capsys.readouterr().out.splitlines()
+    info = json.loads((stack.root / "dist/build.json").read_text())
+    tag = info["version"].replace("+", "-")
+    assert out[-1] == f"vstack: next: docker build -t vllm-eplb:{tag} dist/image/"
+    assert out[-2].startswith("vstack: wrote dist/image/ (the docker build context: ")
+    dockerfile = (stack.root / "dist/image/Dockerfile").read_text()
+    assert f"#   docker build -t vllm-eplb:{tag} dist/image/\n" in dockerfile
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert stack.run("build") == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.endswith(f" {stack.root / 'dist/image'}/")
+    assert stack.run("build", "--out", "my out") == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(" 'my out/image/'")
+    assert (elsewhere / "my out/image/Dockerfile").is_file()

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -71,20 +72,28 @@ def run_export(args):
 def run_build(args):
     from vstack.build import build
 
+    project = _project(args)
     out = Path(args.out) if args.out else None
-    info = build(_project(args), out)
+    info = build(project, out)
     print(
         f"vstack: built {info['wheel']} ({len(info['patches'])} patch(es)) in {info['seconds']} s"
     )
     img = info["image"]
-    where = (
-        f"{args.out.rstrip('/')}/{img['context']}" if out else f"dist/{img['context']}"
-    )
+    if out:
+        where = f"{args.out.rstrip('/')}/{img['context']}"
+    else:  # as the user's shell names it: relative to where they are, if inside
+        ctx = project.dist / img["context"]
+        try:
+            where = f"{ctx.relative_to(Path.cwd()).as_posix()}/"
+        except ValueError:
+            where = f"{ctx}/"
     print(
         f"vstack: wrote {where} (the docker build context: {img['files']} files, "
         f"{img['bytes'] / 1024:,.0f} KB; its layer changes {img['layer_files']} "
         f"file(s) of vLLM) and build.json"
     )
+    tag = info["version"].replace("+", "-")
+    print(f"vstack: next: docker build -t vllm-eplb:{tag} {shlex.quote(where)}")
     return 0
 
 
