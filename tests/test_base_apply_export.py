@@ -235,3 +235,30 @@ def test_apply_stops_at_a_patch_that_leaves_no_change(stack, capsys):
         in capsys.readouterr().err
     )
     assert stack.snapshot() == before
+
+
+def test_export_warns_of_uncommitted_edits_with_their_count(stack, capsys):
+    """Issue 29: edits left uncommitted in the work tree: export said "0 file(s) in
+    patches/ changed" and nothing else a user would notice; now one line with the
+    count (tracked edits and new files alike), for export and export --check."""
+    assert stack.run("apply") == 0
+    assert stack.run("export") == 0  # patches/series in export's own form
+    (stack.repo / "vllm/config.py").write_text("edited, not committed\n")
+    (stack.repo / "vllm/new_module.py").write_text("X = 1\n")
+    capsys.readouterr()
+    assert stack.run("export") == 0
+    cap = capsys.readouterr()
+    warn = [ln for ln in cap.err.splitlines() if "warning" in ln]
+    assert warn == [
+        f"vstack: warning: 2 file(s) in {stack.repo} have uncommitted changes that "
+        f"export leaves out: commit them on branch 'work' first (git -C {stack.repo} "
+        f"status)"
+    ]
+    assert "0 file(s) in patches/ changed" in cap.out
+    assert stack.run("export", "--check") == 0
+    assert "2 file(s)" in capsys.readouterr().err
+    # committed: no warning
+    git(stack.repo, "checkout", "--", "vllm/config.py")
+    (stack.repo / "vllm/new_module.py").unlink()
+    assert stack.run("export") == 0
+    assert "warning" not in capsys.readouterr().err

@@ -227,3 +227,72 @@ def test_a_file_size_limit_names_the_file_and_the_limit(stack, capsys, file_size
     assert stack.run("apply", "--force") == 1
     line = _one_line(capsys)
     assert "the file size limit (ulimit -f) is 65536 bytes" in line, line
+
+
+# ---------------------------------------------------------------- issue 29
+
+
+def _older_pythons() -> list[str]:
+    """Real interpreters older than 3.11 on this machine (PATH, pyenv)."""
+    found = []
+    candidates = [f"python3.{m}" for m in range(6, 11)]
+    pyenv = Path.home() / ".pyenv" / "versions"
+    if pyenv.is_dir():
+        candidates += [str(p / "bin" / "python3") for p in sorted(pyenv.iterdir())]
+    for c in candidates:
+        try:
+            p = subprocess.run(
+                [c, "-c", "import sys; print(sys.version_info < (3, 11))"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+        except OSError:
+            continue
+        if p.returncode == 0 and p.stdout.strip() == "True":
+            found.append(c)
+    return found[:1]
+
+
+def _fake_python310(tmp_path: Path) -> Path:
+    """An interpreter that says it is 3.10.12 (Ubuntu 22.04's python3): it runs
+    `-m vstack ARGS` with sys.version_info set before vstack is imported."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    prelude = (
+        "import runpy, sys; sys.version_info = (3, 10, 12, 'final', 0); "
+        "sys.argv = ['vstack', *sys.argv[3:]]; "
+        "runpy.run_module('vstack', run_name='__main__', alter_sys=True)"
+    )
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{prelude}" -- "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("which", ["fake 3.10.12", "real"])
+def test_scripts_build_on_an_old_python_is_one_line(stack, tmp_path, which):
+    """scripts/build with Ubuntu 22.04's python3 (3.10) printed a 12-line tomllib
+    traceback; now one line that names the version needed and how to pick one."""
+    if which == "real":
+        olds = _older_pythons()
+        if not olds:
+            pytest.skip("no Python older than 3.11 on this machine")
+        python = olds[0]
+    else:
+        python = str(_fake_python310(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run(
+        [str(ROOT / "scripts" / "vstack"), "--root", str(stack.root), "build"],
+        env={**env, "PYTHON": python}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and p.stdout == ""
+    assert len(err) == 1, p.stderr
+    assert err[0].startswith("vstack: error: needs Python 3.11 or newer; ")
+    assert "PYTHON=python3.11" in err[0]
+    if which != "real":
+        assert "Python 3.10.12" in err[0]
+    # scripts/build is scripts/vstack build: the same line
+    q = subprocess.run(
+        [str(ROOT / "scripts" / "build")], cwd=stack.root,
+        env={**env, "PYTHON": python}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert q.returncode == 1 and q.stderr.strip().splitlines() == err

@@ -107,8 +107,8 @@ def test_rebase_onto_nightly_pins_it_and_builds_offline(
         assert f"Version: {version}\n" in meta
         assert "line five" in zf.read("vllm/distributed/eplb/state.py").decode()
     assert (
-        f"FROM vllm/vllm-openai:nightly-{NEW}\n"
-        in (stack.root / "dist/Dockerfile").read_text()
+        f"FROM docker.io/vllm/vllm-openai:nightly-{NEW}\n"
+        in (stack.root / "dist/image/Dockerfile").read_text()
     )
 
 

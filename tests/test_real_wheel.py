@@ -3,11 +3,14 @@ venv, import it, and let independent tools check RECORD."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -109,3 +112,59 @@ def test_real_wheel_record_verified_by_wheel_unpack(built, tmp_path):
     )
     with zipfile.ZipFile(wheel) as zf:
         assert f"vllm-{info['version']}.dist-info/RECORD" in zf.namelist()
+
+
+def test_real_image_layer_equals_the_patched_wheel_installed(built, tmp_path):
+    """Issue 29: the image's RUN step (dist/image/) on the real stock wheel installed
+    by path, as vLLM's image installs it, gives the files, RECORD and `pip show -f`
+    of the real patched wheel installed by pip; the context and the layer are small."""
+    from test_image import apply_layer, install, pip, site_of, tree, venv
+
+    project, wheel, info = built
+    ctx = wheel.parent / "image"
+    stock = project.wheel_cache / project.pin.wheel
+    # vLLM's dependencies (torch, ...) from the test environment, vLLM itself not:
+    # the layer refuses an environment with two vLLMs installed
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    for p in Path(sysconfig.get_path("purelib")).iterdir():
+        if not p.name.startswith(("vllm", "__pycache__")) and p.suffix != ".pth":
+            (deps / p.name).symlink_to(p)
+    env = tmp_path / "env"
+
+    def fresh_env() -> Path:
+        py = venv(env)
+        (site_of(py) / "zz_deps.pth").write_text(f"{deps}\n")
+        (site_of(py) / "pip").unlink()  # the one in deps/
+        return py
+
+    py = fresh_env()
+    install(py, wheel, "--no-compile")
+    want, want_show = tree(env, digest=True), pip(py, "show", "-f", "vllm")
+    shutil.rmtree(env)
+    py = fresh_env()
+    install(py, stock, "--no-compile", by_path=True)
+    run_env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    p = apply_layer(None, py, tmp_path / "opt", ctx=ctx, env=run_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.endswith("vstack-layer: ok\n")
+    have = tree(env, digest=True)
+    assert sorted(have) == sorted(want)
+    assert [k for k in want if have[k] != want[k]] == []
+    assert pip(py, "show", "-f", "vllm") == want_show
+    # sizes: the context, and the layer (what the RUN step wrote) as a gzip'd tar
+    layer = json.loads((tmp_path / "opt" / "layer.json").read_text())
+    site = site_of(py)
+    written = [site / f["path"] for f in layer["files"]]
+    written += [p for p in (site / layer["dist_info"]["new"]).rglob("*") if p.is_file()]
+    written += list((tmp_path / "opt").iterdir())
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for f in written:
+            t.add(f)
+    raw = sum(f.stat().st_size for f in written)
+    print(
+        f"context {info['image']['bytes']} B; layer {raw} B, {len(buf.getvalue())} B gzip"
+    )
+    assert info["image"]["bytes"] < 1 << 20
+    assert len(buf.getvalue()) < 1 << 20

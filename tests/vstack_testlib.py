@@ -66,7 +66,9 @@ def make_wheel(
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in {**files, **meta}.items():
+        entries = {**files, **meta}
+        entries.update((k, v) for k, v in files.items() if k in meta)  # overrides
+        for name, data in entries.items():
             zi = zipfile.ZipInfo(name, (2024, 1, 2, 3, 4, 6))
             zi.external_attr = 0o100644 << 16
             zi.compress_type = zipfile.ZIP_DEFLATED

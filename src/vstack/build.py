@@ -155,9 +155,16 @@ def with_mode(attr: int, executable: bool | None) -> int:
     return attr | x if executable else attr & ~x
 
 
-def write_wheel(
-    source: Path, members: list[Member], plan: BuildPlan, out: Path
-) -> None:
+@dataclasses.dataclass
+class Stock:
+    """What the build needs of the upstream wheel beyond its members' raw bytes."""
+
+    dist_data: dict[str, bytes]  # its dist-info members and vllm/_version.py
+    record: dict[str, list[str]]  # its RECORD rows by member name
+    replaced: dict[str, bytes]  # plan.replaced plus vllm/_version.py (the version)
+
+
+def read_stock(source: Path, members: list[Member], plan: BuildPlan) -> Stock:
     dist_names = [
         m.name for m in members if m.name.startswith(plan.dist_info_old + "/")
     ]
@@ -171,6 +178,14 @@ def write_wheel(
     replaced["vllm/_version.py"] = patch_version_py(
         replaced.get("vllm/_version.py", version_py.encode()).decode(), plan.version
     ).encode()
+    return Stock(dist_data, upstream_record, replaced)
+
+
+def write_wheel(
+    source: Path, members: list[Member], plan: BuildPlan, out: Path, stock: Stock
+) -> None:
+    dist_data, upstream_record = stock.dist_data, stock.record
+    replaced = stock.replaced
     record: list[list[str]] = []
     tmp = out.with_name(f".{out.name}.tmp")
     w = WheelWriter(tmp, source)
@@ -229,32 +244,178 @@ def write_wheel(
     fsutil.replace(tmp, out)
 
 
-def dockerfile(pin: Pin, plan: BuildPlan, n_patches: int) -> str:
-    whl = plan.wheel_name
+IMAGE_DIR = "image"  # the docker build context, in the build's output folder
+LAYER_SCRIPT = "vstack-layer.py"
+# Where the Dockerfile's RUN step sees the context (a bind mount: it is in no layer)
+# and where the layer leaves its record in the image.
+CONTEXT_MOUNT = "/tmp/vstack-image"
+IMAGE_RECORD = "/opt/vstack"
+LAYER_PAYLOAD = Path(__file__).resolve().parent / "payload" / "image_layer.py"
+
+
+def qualified_image(image: str) -> str:
+    """A Docker reference with its registry, as OCI's base.name wants it:
+    vllm/vllm-openai:v1 -> docker.io/vllm/vllm-openai:v1, alpine -> docker.io/library/alpine."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
+
+
+def from_reference(pin: Pin) -> str:
+    """The Dockerfile's FROM: fully qualified (podman and buildah resolve no short
+    names by default), by digest when stack.toml pins one."""
+    base = qualified_image(pin.image)
+    return f"{base}@{pin.image_digest}" if pin.image_digest else base
+
+
+def _label_value(text: str) -> str:
+    # a double-quoted Dockerfile value: \ and " escaped, $ kept from substitution
+    return '"' + re.sub(r'(["\\$])', r"\\\1", text) + '"'
+
+
+def stack_revision(root: Path) -> tuple[str | None, bool]:
+    """(the stack repository's HEAD, whether patches/ or stack.toml differ from it);
+    (None, False) when the stack is not in a git repository."""
+    p = gitutil.git(root, "rev-parse", "--verify", "-q", "HEAD", check=False)
+    if p.returncode != 0 or not p.stdout.strip():
+        return None, False
+    dirty = gitutil.git(
+        root, "status", "--porcelain", "--untracked-files=all", "--",
+        "patches", "stack.toml", check=False,
+    ).stdout.strip()  # fmt: skip
+    return p.stdout.strip(), bool(dirty)
+
+
+def _mode(attr: int) -> str:
+    # as pip installs a member: executable when the archive says so
+    return "755" if (attr >> 16) & 0o111 else "644"
+
+
+def layer_manifest(members: list[Member], plan: BuildPlan, stock: Stock) -> dict:
+    """What the image layer changes in the installed stock wheel: each file with the
+    stock sha256 it must find (None for a new file) and the one it writes."""
+    by_name = {m.name: m for m in members}
+    files = []
+    for name, data in sorted(stock.replaced.items()):
+        attr = with_mode(
+            central_external_attr(by_name[name]), plan.executable.get(name)
+        )
+        files.append({"path": name, "old": stock.record[name][1],
+                      "new": record_hash(data), "size": len(data), "mode": _mode(attr)})  # fmt: skip
+    for name, (data, attr) in sorted(plan.added.items()):
+        files.append({"path": name, "old": None, "new": record_hash(data),
+                      "size": len(data), "mode": _mode(attr)})  # fmt: skip
+    meta_name = f"{plan.dist_info_old}/METADATA"
+    meta = patch_metadata(stock.dist_data[meta_name].decode(), plan.version).encode()
+    return {
+        "format": 1,
+        "version": plan.version,
+        "base_version": plan.dist_info_old[len("vllm-") : -len(".dist-info")],
+        "dist_info": {"old": plan.dist_info_old, "new": plan.dist_info_new},
+        "metadata": {
+            "old": stock.record[meta_name][1],
+            "new": record_hash(meta),
+            "size": len(meta),
+        },  # fmt: skip
+        "files": files,
+        "deleted": [
+            {"path": name, "old": stock.record[name][1]}
+            for name in sorted(plan.deleted)
+            if name in stock.record
+        ],
+    }, meta
+
+
+def dockerfile(pin: Pin, plan: BuildPlan, patches: list[Path], layer: dict,
+               revision: str | None, context: str) -> str:  # fmt: skip
     tag = plan.version.replace("+", "-")
+    size = sum(f["size"] for f in layer["files"])
+    base = qualified_image(pin.image)
+    labels = {
+        "org.opencontainers.image.title": "vllm-eplb",
+        "org.opencontainers.image.description": (
+            f"vLLM {pin.version} with the vllm-eplb-stack series ({len(patches)} "
+            f"patch(es))"
+        ),
+        "org.opencontainers.image.version": plan.version,
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.base.name": base,
+        "org.opencontainers.image.base.digest": pin.image_digest or None,
+        "vstack.series": series_digest(patches),
+        "vstack.patches": ",".join(p.name for p in patches),
+    }
+    label_lines = " \\\n      ".join(
+        f"{k}={_label_value(v)}" for k, v in labels.items() if v
+    )
     return f"""\
 # Generated by `vstack build`; do not edit (change stack.toml or patches/ instead).
-# vLLM {plan.version}: {pin.image_ref} with {n_patches} stack patch(es) applied.
-# Build with the dist/ folder as context:  docker build -t vllm-eplb:{tag} dist/
-FROM {pin.image_ref}
-COPY {whl} /tmp/{whl}
-# --no-deps: the image already has every dependency of vLLM {pin.version}; only
-# vLLM's own files change; --no-cache-dir: pip leaves no cache in the image.
-RUN python3 -m pip install --no-cache-dir --no-deps --force-reinstall /tmp/{whl} && rm /tmp/{whl}
-RUN python3 -c "import vllm; v = vllm.__version__; assert v == '{plan.version}', v; print('vllm', v)"
+# vLLM {plan.version}: {pin.image_ref} with {len(patches)} stack patch(es).
+# Its one layer holds what the series changes ({len(layer["files"])} file(s), {size:,} bytes)
+# and vLLM's new dist-info; the whole wheel is beside this folder, for pip.
+# Build with this folder as the context (BuildKit: docker 23+, podman, buildah):
+#   docker build -t vllm-eplb:{tag} {context}
+FROM {from_reference(pin)}
+LABEL {label_lines}
+# {LAYER_SCRIPT} finds where the image installed vLLM, checks the files it changes
+# are the pinned wheel's, writes the series' files and the new dist-info (RECORD
+# true, the stock dist-info removed), then verifies: import vllm, the version, the
+# sha256 of every changed file against RECORD, pip check for vllm.
+RUN --mount=type=bind,source=.,target={CONTEXT_MOUNT} \\
+    python3 -B {CONTEXT_MOUNT}/{LAYER_SCRIPT} apply {CONTEXT_MOUNT} {IMAGE_RECORD}
 """
 
 
-def dockerignore(wheel_name: str) -> str:
-    return (
-        "# Generated by `vstack build`: `docker build dist/` sends only these.\n"
-        f"*\n!Dockerfile\n!{wheel_name}\n"
-    )
+def write_image_context(
+    out_dir: Path, project: Project, plan: BuildPlan, members: list[Member],
+    stock: Stock, patches: list[Path], info: dict, log, context: str,
+) -> dict:  # fmt: skip
+    """out_dir/image/: the docker build context (replaced whole: written beside it,
+    then moved in)."""
+    layer, meta = layer_manifest(members, plan, stock)
+    revision, dirty = stack_revision(project.root)
+    if revision and dirty:
+        revision += "-dirty"
+        log(
+            "vstack: note: patches/ or stack.toml has uncommitted changes: the "
+            f"image's revision label says {revision}"
+        )
+    files = {
+        f"files/{p}": stock.replaced[p] if p in stock.replaced else plan.added[p][0]
+        for p in (f["path"] for f in layer["files"])
+    }
+    files[f"files/{plan.dist_info_new}/METADATA"] = meta
+    files[LAYER_SCRIPT] = LAYER_PAYLOAD.read_bytes()
+    files["layer.json"] = (json.dumps(layer, indent=2) + "\n").encode()
+    image_info = {k: v for k, v in info.items() if k != "seconds"}
+    image_info["image"] = {"from": from_reference(project.pin), "revision": revision}
+    files["build.json"] = (json.dumps(image_info, indent=2) + "\n").encode()
+    files["Dockerfile"] = dockerfile(
+        project.pin, plan, patches, layer, revision, context
+    ).encode()
+    final = out_dir / IMAGE_DIR
+    tmp = out_dir / f".{IMAGE_DIR}.tmp"
+    fsutil.remove_tree(tmp)
+    for rel, data in sorted(files.items()):
+        fsutil.write_bytes(tmp / rel, data)
+    if final.is_dir() and not final.is_symlink():
+        fsutil.remove_tree(final)
+    else:
+        fsutil.remove(final)
+    fsutil.replace(tmp, final)
+    return {
+        "context": f"{IMAGE_DIR}/",
+        "files": len(files),
+        "bytes": sum(len(d) for d in files.values()),
+        "layer_files": len(layer["files"]),
+        "layer_bytes": sum(f["size"] for f in layer["files"]),
+        "revision": revision,
+    }
 
 
 def earlier_builds(out_dir: Path, label: str, current: str) -> list[Path]:
     """Wheels an earlier `vstack build` wrote into out_dir (and the partial file of
-    one that was killed): only the current build stays beside the Dockerfile."""
+    one that was killed): only the current build stays in out_dir."""
     found = [
         p
         for p in out_dir.glob(f"vllm-*+{label}.*.whl")
@@ -292,9 +453,8 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
     log(
         f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new files) ..."
     )
-    write_wheel(wheel, members, plan, out)
-    fsutil.write_text(out_dir / "Dockerfile", dockerfile(pin, plan, len(patches)))
-    fsutil.write_text(out_dir / ".dockerignore", dockerignore(plan.wheel_name))
+    stock = read_stock(wheel, members, plan)
+    write_wheel(wheel, members, plan, out, stock)
     for old in earlier_builds(out_dir, project.label, plan.wheel_name):
         fsutil.remove(old)
         log(f"vstack: removed the earlier build {old.name}")
@@ -302,16 +462,31 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
         "version": version,
         "wheel": plan.wheel_name,
         "base": {"version": pin.version, "commit": pin.commit, "wheel": pin.wheel,
-                 "sha256": pin.sha256, "git": base.commit, "source": base.source},
+                 "sha256": pin.sha256, "git": base.commit, "source": base.source,
+                 "image": pin.image_ref},
         "patches": [p.name for p in patches],
+        "series": series_digest(patches),
         "applied_commit": tip,
         "changed": sorted(plan.replaced),
         "added": sorted(plan.added),
         "deleted": sorted(plan.deleted),
         "outside_wheel": plan.outside,
-        "seconds": round(time.perf_counter() - t0, 3),
     }  # fmt: skip
+    context = f"dist/{IMAGE_DIR}/" if default else f"{out_dir / IMAGE_DIR}/"
+    image = write_image_context(
+        out_dir, project, plan, members, stock, patches, info, log, context
+    )
+    # what earlier builds wrote for `docker build dist/` (the context is image/ now)
+    for old in ("Dockerfile", ".dockerignore"):
+        fsutil.remove(out_dir / old)
+    info["image"] = image
+    info["seconds"] = round(time.perf_counter() - t0, 3)
     fsutil.write_text(out_dir / "build.json", json.dumps(info, indent=2) + "\n")
+    if not pin.image_digest:
+        log(
+            f"vstack: note: FROM {pin.image} follows the tag; set [base] image_digest "
+            f"in stack.toml to pin it (docker buildx imagetools inspect {pin.image})"
+        )
     return info
 
 

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ Maintain the vLLM EPLB patch series.
 The stack is stack.toml (the pinned vLLM base), patches/series and the patch files.
 vstack materialises the base as a git repository in .vstack/repo, applies the series
 on a work branch there, turns that branch back into patches/ (export), and builds a
-patched vLLM wheel plus a Dockerfile into dist/.
+patched vLLM wheel and an image's docker build context into dist/.
 
 Typical edit loop:
   vstack apply                       # fresh 'work' branch = base + series
@@ -72,11 +73,28 @@ def run_export(args):
 def run_build(args):
     from vstack.build import build
 
-    info = build(_project(args), Path(args.out) if args.out else None)
+    project = _project(args)
+    out = Path(args.out) if args.out else None
+    info = build(project, out)
     print(
         f"vstack: built {info['wheel']} ({len(info['patches'])} patch(es)) in {info['seconds']} s"
     )
-    print("vstack: wrote Dockerfile and build.json beside it")
+    img = info["image"]
+    if out:
+        where = f"{args.out.rstrip('/')}/{img['context']}"
+    else:  # as the user's shell names it: relative to where they are, if inside
+        ctx = project.dist / img["context"]
+        try:
+            where = f"{ctx.relative_to(Path.cwd()).as_posix()}/"
+        except ValueError:
+            where = f"{ctx}/"
+    print(
+        f"vstack: wrote {where} (the docker build context: {img['files']} files, "
+        f"{img['bytes'] / 1024:,.0f} KB; its layer changes {img['layer_files']} "
+        f"file(s) of vLLM) and build.json"
+    )
+    tag = info["version"].replace("+", "-")
+    print(f"vstack: next: docker build -t vllm-eplb:{tag} {shlex.quote(where)}")
     return 0
 
 
@@ -238,12 +256,14 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=run_export)
 
     s = sub.add_parser(
-        "build", help="build the patched wheel and Dockerfile into dist/",
+        "build", help="build the patched wheel and the image's context into dist/",
         description="The pinned upstream wheel with the series' changed files replaced "
         "and new ones added: unchanged members copied raw, RECORD regenerated, version "
         "<version>+<label>.g<series hash> (or .empty) in METADATA, the dist-info name "
-        "and vllm/_version.py. Also writes dist/Dockerfile and dist/build.json. Two "
-        "builds of the same inputs are byte-identical.",
+        "and vllm/_version.py. Also writes dist/build.json and dist/image/: a docker "
+        "build context (Dockerfile, the changed files, vstack-layer.py) whose one "
+        "layer on the pinned image holds only what the series changes (docs/image.md). "
+        "Two builds of the same inputs are byte-identical.",
     )  # fmt: skip
     s.add_argument(
         "--out",

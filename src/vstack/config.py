@@ -119,6 +119,18 @@ def parse_pin(data: dict, where: str) -> Pin:
         raise VstackError(f"{where}: [base] lacks {', '.join(missing)}")
     if base.get("wheel") and not re.fullmatch(r"[0-9a-f]{64}", base.get("sha256", "")):
         raise VstackError(f"{where}: [base] sha256 is not 64 lowercase hex digits")
+    if "@" in base["image"] or re.search(r"\s", base["image"]):
+        # FROM {image}@{image_digest}: a digest in image too would make it invalid
+        raise VstackError(
+            f"{where}: [base] image must be a name and tag without spaces or a "
+            f"digest (vllm/vllm-openai:v0.34.0); put the digest in image_digest"
+        )
+    digest = base.get("image_digest", "")
+    if digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise VstackError(
+            f'{where}: [base] image_digest is not "sha256:" and 64 lowercase hex '
+            f'digits (or "" to follow the image tag)'
+        )
     return Pin(
         version=base["version"],
         commit=base["commit"],
@@ -166,24 +178,84 @@ def load_project(root: Path | None = None) -> Project:
     )  # fmt: skip
 
 
+_KEY_LINE = re.compile(
+    r"(?P<indent>[ \t]*)(?P<q>[\"']?)(?P<key>[A-Za-z0-9_-]+)(?P=q)(?P<eq>[ \t]*=[ \t]*)"
+    r"(?P<value>.*?)(?P<eol>\r?\n?)$"
+)
+
+
+def toml_string(value: str) -> str:
+    """value as a TOML basic string."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _string_end(text: str) -> int | None:
+    """Where the one-line TOML string at the start of text ends (the index after its
+    closing quote), or None when text does not start with one."""
+    if text.startswith(('"""', "'''")):
+        return None  # a multi-line string: not rewritten in place
+    if text.startswith("'"):
+        end = text.find("'", 1)
+        return end + 1 if end > 0 else None
+    if text.startswith('"'):
+        i = 1
+        while i < len(text):
+            if text[i] == "\\":
+                i += 2
+            elif text[i] == '"':
+                return i + 1
+            else:
+                i += 1
+    return None
+
+
 def render_stack_toml(old_text: str, pin: Pin) -> str:
-    """old_text with the [base] values replaced by pin's; comments and order kept."""
+    """old_text with the [base] values replaced by pin's: comments (also those after a
+    value on its line), quoting of keys, order and line ends kept. A [base] key the
+    file lacks is added after the table's last key."""
     values = dataclasses.asdict(pin)
     lines = old_text.splitlines(keepends=True)
     section = None
-    seen = set()
-    result = []
+    seen: set[str] = set()
+    result: list[str] = []
+    last_base_key = None  # index in result of [base]'s last key line
     for line in lines:
-        m = re.match(r"\s*\[([^\]]+)\]", line)
-        if m:
-            section = m.group(1).strip()
-        kv = re.match(r"(\s*)([A-Za-z_][A-Za-z0-9_]*)(\s*=\s*)(.*?)(\r?\n?)$", line)
-        if section == "base" and kv and kv.group(2) in values:
-            key = kv.group(2)
-            line = f'{kv.group(1)}{key}{kv.group(3)}"{values[key]}"{kv.group(5)}'
+        header = re.match(r"[ \t]*\[([^\[\]]+)\][ \t]*(#.*)?\r?\n?$", line)
+        if header:
+            section = header.group(1).strip().strip("\"'")
+        kv = _KEY_LINE.match(line) if not header else None
+        if section == "base" and kv:
+            last_base_key = len(result)
+        if section == "base" and kv and kv["key"] in values:
+            key, value = kv["key"], kv["value"]
+            end = _string_end(value)
+            if end is None:
+                raise VstackError(
+                    f"{STACK_TOML}: [base] {key} is not a one-line string; write it "
+                    f'as {key} = "..." (a comment may follow)'
+                )
+            line = (
+                f"{kv['indent']}{kv['q']}{key}{kv['q']}{kv['eq']}"
+                f"{toml_string(values[key])}{value[end:]}{kv['eol']}"
+            )
             seen.add(key)
         result.append(line)
     missing = [k for k in values if k not in seen]
+    if missing and last_base_key is None:
+        raise VstackError(f"{STACK_TOML}: no [base] table with keys to update")
     if missing:
-        raise VstackError(f"{STACK_TOML}: [base] lacks keys {missing}")
+        at = last_base_key
+        eol = "\r\n" if result[at].endswith("\r\n") else "\n"
+        if not result[at].endswith("\n"):
+            result[at] += eol
+        added = [f"{k} = {toml_string(values[k])}{eol}" for k in missing]
+        result[at + 1 : at + 1] = added
     return "".join(result)

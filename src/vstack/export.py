@@ -281,6 +281,20 @@ def require_exportable(project: Project, base: Base, work: str, force: bool) -> 
         )
 
 
+def warn_uncommitted(repo: Path, verb: str) -> int:
+    """One line when the work tree holds edits no commit has (export reads commits
+    only): a user who forgot to commit would otherwise read "0 file(s) changed"."""
+    dirty = [ln for ln in gitutil.status_porcelain(repo).splitlines() if ln.strip()]
+    if dirty:
+        print(
+            f"vstack: warning: {len(dirty)} file(s) in {repo} have uncommitted "
+            f"changes that {verb} leaves out: commit them on branch '{WORK_BRANCH}' "
+            f"first (git -C {repo} status)",
+            file=sys.stderr,
+        )
+    return len(dirty)
+
+
 def cmd_export(project: Project, check: bool = False, force: bool = False) -> int:
     base = ensure_base(project)
     repo = project.repo
@@ -291,11 +305,7 @@ def cmd_export(project: Project, check: bool = False, force: bool = False) -> in
     else:
         require_exportable(project, base, work, force or check)
         tip = work
-        if not check and gitutil.status_porcelain(repo).strip():
-            print(
-                f"vstack: warning: uncommitted changes in {repo} are not exported",
-                file=sys.stderr,
-            )
+        warn_uncommitted(repo, "export --check" if check else "export")
     new = render(repo, base.commit, tip)
     if check:
         changed = diff_files(synced.series_files(project.patches_dir), new)

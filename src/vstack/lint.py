@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from vstack import identity, records
+from vstack import identity, pep440, records
 from vstack.config import Project
 from vstack.message import patch_file_problem
 from vstack.series import parse_patch, patch_problems, read_series, read_series_entries
@@ -251,9 +251,12 @@ def lint_series(patches_dir: Path) -> list[Finding]:
     return found
 
 
-def _release(version: str) -> tuple[int, ...]:
-    nums = re.match(r"\d+(\.\d+)*", version)
-    return tuple(int(x) for x in nums.group(0).split(".")) if nums else ()
+def newer_than_pin(version: str, pin_version: str) -> bool:
+    """Whether a resolutions/<version>/ folder is for a version after the pin, in
+    PEP 440's order (vstack.pep440, the rule scripts/test uses too); a folder name
+    that is no version is not."""
+    v, pin = pep440.parse(version), pep440.parse(pin_version)
+    return v is not None and pin is not None and v > pin
 
 
 def record_notes(root: Path, pin_version: str | None = None) -> list[str]:
@@ -262,7 +265,7 @@ def record_notes(root: Path, pin_version: str | None = None) -> list[str]:
     notes = []
     for p in sorted((root / "resolutions").glob("*/*.patch")):
         version = p.parent.name
-        if pin_version is not None and _release(version) <= _release(pin_version):
+        if pin_version is not None and not newer_than_pin(version, pin_version):
             continue
         if records.recorded_hash(p.read_text(errors="replace")) is None:
             notes.append(
@@ -299,7 +302,7 @@ def lint_resolutions(root: Path, pin_version: str | None = None) -> list[Finding
         if (
             want
             and pin_version is not None
-            and _release(p.parent.name) > _release(pin_version)
+            and newer_than_pin(p.parent.name, pin_version)
             and patch.is_file()
         ):
             have = records.patch_sha256(patch.read_bytes())

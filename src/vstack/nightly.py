@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import http.client
-import math
 import os
 import re
 import sys
@@ -24,6 +23,7 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
+from vstack import pep440
 from vstack.config import Pin, Project
 from vstack.errors import VstackError
 
@@ -121,32 +121,11 @@ def choose_wheel(links: list[Link], arch: str, where: str) -> Link:
     return max(fits, key=lambda t: (t[0], t[1]))[2]
 
 
-_VERSION = re.compile(
-    r"^v?(\d+(?:\.\d+)*)(?:[-_.]?(a|b|rc)(\d+))?(?:[-_.]?post(\d+))?"
-    r"(?:[-_.]?dev(\d+))?(?:\+[A-Za-z0-9.]+)?$",
-    re.I,
-)
-_PRE = {"a": 0, "b": 1, "rc": 2}
-
-
 def version_key(version: str) -> tuple | None:
-    """A sort key for PEP 440 versions (release, pre, post, dev; local ignored), or
+    """A sort key for PEP 440 versions, as packaging orders them (vstack.pep440), or
     None when `version` is not one: 0.34.0 < 0.34.1.dev12+g1a2b3c4 < 0.34.1rc1 < 0.34.1."""
-    m = _VERSION.match(version.strip())
-    if not m:
-        return None
-    release = [int(x) for x in m[1].split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()
-    if m[2]:
-        pre = (_PRE[m[2].lower()], int(m[3]))
-    elif m[5] is not None and m[4] is None:
-        pre = (-1, 0)  # X.devN sorts before X's pre-releases
-    else:
-        pre = (3, 0)
-    post = int(m[4]) if m[4] is not None else -1
-    dev = int(m[5]) if m[5] is not None else math.inf
-    return (tuple(release), pre, post, dev)
+    v = pep440.parse(version)
+    return v.key() if v is not None else None
 
 
 def nearest_record(root: Path, name: str, target: str, after: str) -> Path | None:
