@@ -91,7 +91,7 @@ def run_test_files(args):
 def run_lint(args):
     from vstack.lint import cmd_lint
 
-    return cmd_lint(_project(args), args.git)
+    return cmd_lint(_project(args), args.git, args.mbox)
 
 
 def run_rebase(args):
@@ -281,6 +281,13 @@ def parser() -> argparse.ArgumentParser:
         "--git",
         help="a vLLM checkout at the pinned commit whose pre-commit hooks to run",
     )
+    s.add_argument(
+        "mbox", nargs="*",
+        help="check only these mboxes, as mails to send: each signed off by a person, "
+        "its author among them; the stack's shared identity or a placeholder as the "
+        "author of a signed mail is refused (without: the series, resolutions/ and "
+        "every signed mbox under .vstack/outgoing/)",
+    )  # fmt: skip
     s.set_defaults(func=run_lint)
 
     s = sub.add_parser(
