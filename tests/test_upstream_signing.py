@@ -257,6 +257,8 @@ def test_upstream_holds_no_mbox_and_keeps_hand_edits(stack, capsys):
     git(stack.root, "add", "-A")
     git(stack.root, "commit", "-q", "-m", "drafts")
     (d / "body.md").write_text("## Purpose\n\nMy own words.\n")  # not committed
+    (d / "title.txt").unlink()
+    (d / "title.txt").mkdir()  # not a file: kept too, not a traceback
     # the patch changes: revision 2
     patch = stack.root / "patches" / f"{a}.patch"
     patch.write_text(patch.read_text().replace("+A = 1\n", "+A = 2\n"))
@@ -268,6 +270,7 @@ def test_upstream_holds_no_mbox_and_keeps_hand_edits(stack, capsys):
     assert f"note: kept upstream/{a}/body.md: it holds edits vstack did not make " \
            f"(vstack's new one: {new_body})" in out  # fmt: skip
     assert "## Test Plan" in new_body.read_text()
+    assert (d / "title.txt").is_dir() and _out(stack, a, "title.txt").is_file()
     assert "draft eplb-add-a v2:" in (d / "checks.txt").read_text()
     assert not (d / "v1.mbox").exists() and (d / "range-diff-v1-v2.txt").is_file()
     # revision 1 comes back from git, byte for byte

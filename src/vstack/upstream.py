@@ -1217,7 +1217,7 @@ def write_draft(stack: Stack, d: Draft, range_text: str | None,
         files[current_rd] = range_text.encode()
     record = meta.setdefault("files", {})
     changed = {n for n in drafts.edited(root, out, files, record)
-               if (out / n).read_bytes() != files[n]}  # fmt: skip
+               if not (out / n).is_file() or (out / n).read_bytes() != files[n]}  # fmt: skip
     for name, data in files.items():
         if name not in changed:
             if (out / name).is_file():  # its content now is vstack's too
