@@ -42,6 +42,13 @@ def _ruff_pyproject() -> str:
     return "[tool.ruff]\n" + "\n".join(out) if head else "\n".join(out)
 
 
+def _mbox(stack, slug: str, n: int = 1, signed: bool = False) -> Path:
+    """The copy `vstack upstream` writes under .vstack/outgoing/ (no mbox is kept
+    in upstream/)."""
+    name = f"v{n}.mbox" if signed else f"v{n}.unsigned.mbox"
+    return stack.root / ".vstack" / "outgoing" / slug / name
+
+
 def _need_ruff():
     import os
 
@@ -115,7 +122,8 @@ def test_dependency_is_named_not_carried(stack, upstream_stack, capsys):
     msg = git(up, "log", "-1", "--format=%B", branch)
     assert "Upstream-Status" not in msg and "Stack-Results" not in msg
     d = stack.root / "upstream" / "eplb-perf-use-helper-in-step"
-    mbox = (d / "v1.mbox").read_text()
+    assert not list(d.glob("*.mbox"))  # regenerated from the patch files in git
+    mbox = _mbox(stack, "eplb-perf-use-helper-in-step").read_text()
     # the draft holds its own commit only; the helper is the PR it depends on
     assert mbox.count("Subject: ") == 1
     assert "Subject: [EPLB][Perf] Use helper in step" in mbox
@@ -171,8 +179,9 @@ def test_revision_two_replaces_one_and_shows_range_diff(stack, upstream_stack, c
     assert "revision 2;" in out and "range-diff v1 -> v2:" in out
     assert "x << 1" in out
     d = stack.root / "upstream" / "eplb-add-helper"
-    # only the current revision and the range-diff from the previous one
-    assert sorted(p.name for p in d.glob("*.mbox")) == ["v2.mbox"]
+    # the range-diff from the previous revision, no mbox
+    assert not list(d.glob("*.mbox"))
+    assert _mbox(stack, "eplb-add-helper", 2).is_file()
     assert "x << 1" in (d / "range-diff-v1-v2.txt").read_text()
     meta = json.loads((d / "meta.json").read_text())
     assert [r["revision"] for r in meta["revisions"]] == [1, 2]
@@ -196,7 +205,7 @@ def test_no_checkout_writes_mbox_and_says_unsigned(stack, capsys):
     assert stack.run("upstream", "eplb-add-helper") == 0
     out = capsys.readouterr().out
     d = stack.root / "upstream" / "eplb-add-helper"
-    mbox = (d / "v1.mbox").read_text()
+    mbox = _mbox(stack, "eplb-add-helper").read_text()
     assert "Subject: [EPLB] Add helper" in mbox and "+def helper" in mbox
     assert "Upstream-Status" not in mbox and "Signed-off-by" not in mbox
     assert "## Design" not in (d / "body.md").read_text()
@@ -346,7 +355,7 @@ def test_revision_does_not_depend_on_the_local_cache(stack):
         stack.run(
             "upstream", "eplb-p2.patch"
         )  # exit 1 without ruff; the mbox is written
-        return (stack.root / "upstream/eplb-p2/v1.mbox").read_bytes()
+        return _mbox(stack, "eplb-p2").read_bytes()
 
     fresh = upstream_mbox(lambda: None)
     built = upstream_mbox(lambda: stack.run("build"))
@@ -418,7 +427,7 @@ def test_depends_on_builds_on_the_named_pr_and_runs_its_tests(stack, capsys):
         "PASS     [reproduces] without the fix, on stock vLLM 1.0.0 + eplb-add-feature: 1 failed"
         in checks
     )
-    mbox = (d / "v1.mbox").read_text()
+    mbox = _mbox(stack, slug).read_text()
     assert mbox.count("Subject: ") == 1 and "+VALUE = 42" in mbox
     # stack-only trailers and the bot's sign-off never reach a draft
     for gone in ("Depends-On", "RFC:", "Upstream-Status", "Signed-off-by"):
@@ -502,8 +511,16 @@ def test_a_patch_that_needs_another_does_not_stand_alone(stack, capsys):
 
 
 def test_signoff_makes_a_sendable_copy_and_keeps_upstream_unsigned(stack, capsys):
+    """Defect 4 of issue 28: --signoff (and --no-tests) rewrote upstream/<patch>/'s
+    title, body and checks: hand edits and the recorded test evidence were lost."""
     _need_ruff()
     slug = _feature_stack(stack)
+    # the recording run: tests run, unsigned, upstream/<patch>/ written
+    assert stack.run("upstream", slug, "--python", sys.executable) == 0
+    d = stack.root / "upstream" / slug
+    (d / "title.txt").write_text("[Bugfix][EPLB] My better title\n")
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert "1 passed, 2 skipped" in before["body.md"].decode()
     capsys.readouterr()
     person = "Ada Lovelace <ada@lovelace.dev>"
     assert stack.run("upstream", slug, "--no-tests", "--signoff", person) == 0
@@ -515,22 +532,32 @@ def test_signoff_makes_a_sendable_copy_and_keeps_upstream_unsigned(stack, capsys
     assert f"From: {person}" in text and f"Signed-off-by: {person}" in text
     assert text.count("Signed-off-by:") == 1 and "noreply" not in text
     assert (
+        f"  author: {person} replaces {BOT} (the stack's shared identity) on this "
+        "PR's commit and 1 commit(s) of the PRs it depends on\n" in out
+    )
+    assert (
         "PASS     [dco] every commit (1) signed off by its author"
         in (sendable.parent / "checks.txt").read_text()
     )
-    d = stack.root / "upstream" / slug
-    assert "Signed-off-by" not in (d / "v1.mbox").read_text()
-    assert "UNSIGNED [dco]" in (d / "checks.txt").read_text()
-    # the revision is the unsigned draft's: signing makes no new one
-    assert json.loads((d / "meta.json").read_text())["revisions"][-1]["revision"] == 1
+    # nothing in upstream/ changed: the hand edit and the test evidence stay
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    assert f"upstream/{slug}/ unchanged (--signoff" in out
+    # the copy to send takes upstream/'s title and body (this is its revision)
+    assert (sendable.parent / "title.txt").read_bytes() == before["title.txt"]
+    assert (sendable.parent / "body.md").read_bytes() == before["body.md"]
+    assert '--title "[Bugfix][EPLB] My better title"' in out
+    # --no-tests alone writes only under .vstack/outgoing/ too
+    assert stack.run("upstream", slug, "--no-tests") == 0
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
     # the environment variable works the same way
     capsys.readouterr()
     os.environ["VSTACK_SIGNOFF"] = "Grace Hopper <grace@hopper.dev>"
     try:
-        assert stack.run("upstream", slug, "--no-tests") == 0
+        assert stack.run("upstream", slug, "--python", sys.executable) == 0
     finally:
         del os.environ["VSTACK_SIGNOFF"]
     assert "From: Grace Hopper <grace@hopper.dev>" in sendable.read_text()
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
 
 
 @pytest.mark.parametrize(
@@ -688,19 +715,19 @@ def test_earlier_revision_is_regenerated_from_git(stack, capsys):
     slug = _feature_stack(stack)
     git(stack.root, "init", "-q")
     (stack.root / ".gitignore").write_text("/.vstack/\n")
-    assert stack.run("upstream", slug, "--no-tests") == 0
+    assert stack.run("upstream", slug, "--python", sys.executable) == 0
     git(stack.root, "add", "-A")
     git(stack.root, "commit", "-q", "-m", "v1")
-    v1 = (stack.root / "upstream" / slug / "v1.mbox").read_bytes()
+    v1 = _mbox(stack, slug).read_bytes()
     # the fix changes: revision 2
     assert stack.run("apply") == 0
     (stack.repo / "vllm" / "feature.py").write_text(SPDX + "VALUE = 6 * 7\n")
     git(stack.repo, "commit", "-q", "-a", "--amend", "--no-edit")
     assert stack.run("export") == 0
-    assert stack.run("upstream", slug, "--no-tests") == 0
+    assert stack.run("upstream", slug, "--python", sys.executable) == 0
     git(stack.root, "add", "-A")
     git(stack.root, "commit", "-q", "-m", "v2")
-    assert not (stack.root / "upstream" / slug / "v1.mbox").exists()
+    assert (stack.root / "upstream" / slug / "range-diff-v1-v2.txt").is_file()
     # from a fresh clone: nothing of .vstack, the patch files only in git history
     clone = stack.root.parent / "clone"
     git(stack.root.parent, "clone", "-q", str(stack.root), str(clone))
@@ -709,7 +736,9 @@ def test_earlier_revision_is_regenerated_from_git(stack, capsys):
     capsys.readouterr()
     assert main(["--root", str(clone), "upstream", slug, "--revision", "1"]) == 0
     assert "revision 1 of" in capsys.readouterr().out
-    assert (clone / ".vstack" / "outgoing" / slug / "v1.mbox").read_bytes() == v1
+    assert (
+        clone / ".vstack" / "outgoing" / slug / "v1.unsigned.mbox"
+    ).read_bytes() == v1
     person = "Ada Lovelace <ada@lovelace.dev>"
     assert main(["--root", str(clone), "upstream", slug, "--revision", "1",
                  "--signoff", person]) == 0  # fmt: skip
@@ -725,7 +754,7 @@ def test_all_writes_every_draft_rfc_and_index(stack, capsys):
     stale = stack.root / "upstream" / "gone-patch"
     stale.mkdir(parents=True)
     capsys.readouterr()
-    assert stack.run("upstream", "--all", "--no-tests") == 0
+    assert stack.run("upstream", "--all", "--python", sys.executable) == 0
     out = capsys.readouterr().out
     assert "RFC docs/other.md does not exist yet: no RFC issue draft written" in out
     assert "RFC docs/proto.md does not exist yet" in out and "(1 PR(s) name it)" in out
@@ -738,13 +767,15 @@ def test_all_writes_every_draft_rfc_and_index(stack, capsys):
         "index.md",
     ]
     index = (up / "index.md").read_text()
-    assert f"| 3 | `{slug}` | 1 | 2 | #1 | not run | pass, unsigned" in index, index
+    assert (
+        f"| 3 | `{slug}` | 1 | 2 | #1 | 1 passed, 2 skipped | pass, unsigned" in index
+    ), index
     (stack.root / "docs").mkdir()
     (stack.root / "docs" / "proto.md").write_text(
         "# Async protocol\n\n## Motivation\n\nDecode must not wait.\n\n"
         "## Protocol\n\nWorkers vote.\n"
     )
-    assert stack.run("upstream", "--all", "--no-tests") == 0
+    assert stack.run("upstream", "--all", "--python", sys.executable) == 0
     rfc = up / "rfc-proto"
     assert (rfc / "title.txt").read_text() == "[RFC]: Async protocol\n"
     issue = (rfc / "issue.md").read_text()
@@ -767,7 +798,7 @@ def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
     slug = _feature_stack(stack)
     git(stack.root, "init", "-q")
     (stack.root / ".gitignore").write_text("/.vstack/\n")
-    assert stack.run("upstream", "--all", "--no-tests") == 0
+    assert stack.run("upstream", "--all", "--python", sys.executable) == 0
     up = stack.root / "upstream"
     shutil.copytree(up / slug, up / "old-committed")
     shutil.copytree(up / slug, up / "old-edited")
@@ -779,7 +810,7 @@ def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
     (up / "my-review-notes" / "notes.md").write_text("mine\n")
     (up / "empty").mkdir()
     capsys.readouterr()
-    assert stack.run("upstream", "--all", "--no-tests") == 0
+    assert stack.run("upstream", "--all", "--python", sys.executable) == 0
     out = capsys.readouterr().out
     assert not (up / "old-committed").exists() and not (up / "empty").exists()
     assert "removed upstream/old-committed/" in out and "stay in git history" in out
@@ -803,12 +834,13 @@ def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
 )
 def test_a_torn_or_conflicted_meta_json_is_one_line(stack, capsys, data, says):
     _need_ruff()
-    slug = _feature_stack(stack)
-    assert stack.run("upstream", slug, "--no-tests") == 0
+    _feature_stack(stack)
+    slug = "eplb-add-feature"  # no tests of its own: a quick recording run
+    assert stack.run("upstream", slug) == 0
     meta = stack.root / "upstream" / slug / "meta.json"
     meta.write_bytes(data if isinstance(data, bytes) else data.encode())
     capsys.readouterr()
-    assert stack.run("upstream", slug, "--no-tests") == 1
+    assert stack.run("upstream", slug) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vstack: error: "), err
     assert str(meta) in err[0] and says in err[0], err[0]

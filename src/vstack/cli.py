@@ -110,7 +110,7 @@ def run_test_files(args):
 def run_lint(args):
     from vstack.lint import cmd_lint
 
-    return cmd_lint(_project(args), args.git)
+    return cmd_lint(_project(args), args.git, args.mbox)
 
 
 def run_rebase(args):
@@ -142,7 +142,7 @@ def run_upstream(args):
     return cmd_upstream(
         _project(args), args.patch, args.git, args.base, all_patches=args.all,
         signoff=args.signoff, revision=args.revision, run_tests=not args.no_tests,
-        python=args.python,
+        python=args.python, wheel_index=args.wheel_index,
     )  # fmt: skip
 
 
@@ -302,6 +302,13 @@ def parser() -> argparse.ArgumentParser:
         "--git",
         help="a vLLM checkout at the pinned commit whose pre-commit hooks to run",
     )
+    s.add_argument(
+        "mbox", nargs="*",
+        help="check only these mboxes, as mails to send: each signed off by a person, "
+        "its author among them; the stack's shared identity or a placeholder as the "
+        "author of a signed mail is refused (without: the series, resolutions/ and "
+        "every signed mbox under .vstack/outgoing/)",
+    )  # fmt: skip
     s.set_defaults(func=run_lint)
 
     s = sub.add_parser(
@@ -385,14 +392,23 @@ def parser() -> argparse.ArgumentParser:
         "torch.cuda, Triton and regex imports, config docs, vLLM's own pre-commit hooks "
         "given a checkout, DCO) and the PR's own tests on its base (scripts/test's "
         "environment or --python; a [Bugfix] PR's tests must fail without the fix). "
-        "Writes upstream/<patch>/{title.txt,body.md,v<N>.mbox,checks.txt,meta.json}: "
-        "the current revision, the range-diff from the previous one; every revision "
-        "records the patch files it was made from (--revision N regenerates it). "
-        "Drafts in upstream/ are unsigned; --signoff (or VSTACK_SIGNOFF) writes the "
-        "signed copy to send to .vstack/outgoing/ (bots and placeholders refused). "
-        "--all: every patch, the RFC issue drafts of the documents stack.toml's "
-        "[upstream] rfcs and RFC: trailers name, and upstream/index.md. Exit 1 if a "
-        "check fails.",
+        "A run with its tests and no sign-off records the draft in "
+        "upstream/<patch>/{title.txt,body.md,checks.txt,meta.json} (the range-diff from "
+        "the previous revision too; no mbox: every revision records the patch files it "
+        "was made from, and --revision N regenerates it); a title, body or checks file "
+        "you edited is kept. --signoff (or VSTACK_SIGNOFF) and --no-tests never change "
+        "upstream/: they write .vstack/outgoing/<patch>/ (the signed v<N>.mbox, "
+        "title, body, checks). Signing: an author that is the stack's shared identity "
+        "or a placeholder becomes the signer (said in one line); a person's "
+        "authorship is kept and the signer's sign-off added; bots and placeholders "
+        "cannot sign. With a vLLM checkout the draft's branch vstack/<patch>-v<N> is "
+        "written there, but a branch vstack did not leave as it is (your commits) is "
+        "never moved: the draft takes the next free name. --base nightly (or a commit "
+        "id, without a checkout) re-cuts each draft on that per-commit wheel and says "
+        "per PR whether it applies and whether its tests pass (copies under "
+        ".vstack/outgoing/<patch>/on-<commit>/). --all: every patch, the RFC issue "
+        "drafts of the documents stack.toml's [upstream] rfcs and RFC: trailers name, "
+        "and upstream/index.md. Exit 1 if a check fails.",
     )  # fmt: skip
     s.add_argument(
         "patch", nargs="?", help="a patches/series entry (or a unique part of its name)"
@@ -404,13 +420,22 @@ def parser() -> argparse.ArgumentParser:
                    "user.name/user.email) and write the copy to send to .vstack/outgoing/")  # fmt: skip
     s.add_argument("--revision", type=int, metavar="N",
                    help="regenerate revision N of the patch's draft (.vstack/outgoing/)")  # fmt: skip
-    s.add_argument("--no-tests", action="store_true", help="do not run the PR's tests")
+    s.add_argument("--no-tests", action="store_true",
+                   help="do not run the PR's tests (writes only under .vstack/outgoing/)")  # fmt: skip
     s.add_argument(
         "--python", help="the test environment's interpreter (scripts/test's)"
     )
     s.add_argument("--git", help="a vLLM git checkout (default: vllm/ when populated)")
     s.add_argument(
-        "--base", help="upstream revision to branch from (default: the pinned commit)"
+        "--base", help="upstream revision of the checkout to branch from (default: the "
+        "pinned commit); `nightly` or a commit id of vLLM's main branch: its per-commit "
+        "wheel, no checkout needed (the newest nightly in the wheel cache when the "
+        "index cannot be reached)",
+    )  # fmt: skip
+    s.add_argument(
+        "--wheel-index",
+        help="per-commit wheel repository for --base nightly / a commit id (default: "
+        "VSTACK_WHEEL_INDEX, else stack.toml's wheel_index)",
     )
     s.set_defaults(func=run_upstream)
 

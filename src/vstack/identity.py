@@ -54,6 +54,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
 class Identity:
     name: str
     email: str
+    # what the user typed, when git records it differently ("John Smith Jr.")
+    given: str = dataclasses.field(default="", compare=False)
 
     def __str__(self) -> str:
         return f"{self.name} <{self.email}>"
@@ -75,8 +77,9 @@ def parse(text: str) -> Identity | None:
     return Identity(m.group("name").strip(), m.group("email")) if m else None
 
 
-def refusal(ident: Identity) -> str | None:
-    """Why this identity cannot sign off (a bot, a tool, a placeholder), or None."""
+def _refusal(ident: Identity) -> tuple[str, str] | None:
+    """(kind, why) when this identity cannot sign off: kind "bot" (a bot or tool)
+    or "placeholder" (a placeholder, no-reply or shared name or address)."""
     email = ident.email.lower()
     local, _, domain = email.partition("@")
     name = " ".join(ident.name.lower().split())
@@ -87,17 +90,45 @@ def refusal(ident: Identity) -> str | None:
         or local.endswith("[bot]")
         or re.sub(r"[^a-z0-9]+", "", local) in _BOT_EMAIL_LOCALS
     ):
-        return f"'{ident.name}' is a bot or tool, not a person"
+        return "bot", f"'{ident.name}' is a bot or tool, not a person"
     if name in _PLACEHOLDER_NAMES:
-        return f"'{ident.name}' is a placeholder name"
+        return "placeholder", f"'{ident.name}' is a placeholder name"
     if not _GITHUB_USER_NOREPLY.match(ident.email) and (
         local in _NOBODY or any(w in domain for w in _NOBODY)
     ):
-        return f"<{ident.email}> is a no-reply or shared address, not a person's"
+        return (
+            "placeholder",
+            f"<{ident.email}> is a no-reply or shared address, not a person's",
+        )
     if local in _PLACEHOLDER_LOCALS or email in _PLACEHOLDER_EMAILS:
-        return f"<{ident.email}> is a placeholder or default address, not a person's"
+        return (
+            "placeholder",
+            f"<{ident.email}> is a placeholder or default address, not a person's",
+        )
     if domain in _PLACEHOLDER_DOMAINS or domain.endswith(_PLACEHOLDER_TLDS):
-        return f"<{ident.email}> is a placeholder address ({domain})"
+        return "placeholder", f"<{ident.email}> is a placeholder address ({domain})"
+    return None
+
+
+def refusal(ident: Identity) -> str | None:
+    """Why this identity cannot sign off (a bot, a tool, a placeholder), or None."""
+    found = _refusal(ident)
+    return found[1] if found else None
+
+
+def author_to_replace(ident: Identity | None) -> str | None:
+    """Why a signer takes over this commit author, or None when the author is kept
+    (a person) or may not be replaced (a bot or tool other than the stack's own:
+    its authorship is real, and no person's sign-off can stand for it). Replaced:
+    the stack's shared identity, and identities that name no person (placeholder,
+    no-reply or shared names and addresses)."""
+    if ident is None:
+        return None
+    if is_shared(ident):
+        return "the stack's shared identity"
+    found = _refusal(ident)
+    if found and found[0] == "placeholder":
+        return "a placeholder, not a person"
     return None
 
 
@@ -106,14 +137,46 @@ def is_shared(ident: Identity) -> bool:
     return re.sub(r"[^a-z0-9]+", "", ident.name.lower()) == "vllmeplbstack"
 
 
+def as_git_writes(ident: Identity) -> Identity | None:
+    """The identity as git records it in a commit (git itself normalises it:
+    `git var GIT_AUTHOR_IDENT`, which strips leading and trailing "crud" such as
+    ".", ",", ";", quotes and spaces, and drops "<" and ">" from a name), or None
+    when git refuses it (a name of crud only)."""
+    from vstack.gitutil import config_args, git_env, run
+
+    p = run(
+        ["git", *config_args(), "var", "GIT_AUTHOR_IDENT"], cwd=os.sep,
+        capture_output=True, encoding="utf-8", errors="replace",
+        env=git_env({"GIT_AUTHOR_NAME": ident.name, "GIT_AUTHOR_EMAIL": ident.email,
+                     "GIT_AUTHOR_DATE": "1700000000 +0000"}),
+    )  # fmt: skip
+    line = p.stdout.strip()
+    if p.returncode != 0 or not line:
+        return None
+    who = line.rsplit(" ", 2)[0]  # "<name> <<email>>" then the date git appends
+    name, sep, email = who.rpartition(" <")
+    if not sep or not email.endswith(">"):
+        return None
+    return Identity(name, email[:-1])
+
+
 def checked(text: str, source: str) -> Identity:
-    """The identity `text` names, or one error saying why it cannot sign off."""
+    """The identity `text` names, as git writes it into a commit (so that the
+    sign-off and the author git records are one identity), or one error saying
+    why it cannot sign off."""
     ident = parse(text)
     if ident is None:
         raise VstackError(
             f'{source}: {text!r} is not an identity: give your own "Full Name '
             f'<address>" on one line, with one @'
         )
+    normal = as_git_writes(ident)
+    if normal is None or parse(str(normal)) is None:
+        raise VstackError(
+            f"{source}: git cannot record {ident} as an author (a name of "
+            f'punctuation only?): give your own "Full Name <address>"'
+        )
+    ident = Identity(normal.name, normal.email, "" if normal == ident else str(ident))
     why = refusal(ident)
     if why:
         raise VstackError(

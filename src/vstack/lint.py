@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tempfile
 from pathlib import Path
 
-from vstack import identity, pep440, records
+from vstack import gitutil, identity, pep440, records
 from vstack.config import Project
+from vstack.errors import VstackError
+from vstack.identity import Identity
 from vstack.message import patch_file_problem
 from vstack.series import parse_patch, patch_problems, read_series, read_series_entries
 
@@ -118,6 +121,91 @@ def signoff_findings(where: str, signoffs: list[str]) -> list[Finding]:
                 f"Signed-off-by: {value}: {why}; the DCO sign-off is a person's "
                 f"own, added by whoever sends the PR (`vstack upstream --signoff`)",
             ))  # fmt: skip
+    return found
+
+
+def mails(path: Path) -> list[tuple[int, Identity | None, str, list[str]]]:
+    """(line, author, subject, Signed-off-by values) of each mail of an mbox, read
+    as `git am` reads them: `git mailsplit`, `git mailinfo` (RFC 2047 decoded),
+    `git interpret-trailers --parse`."""
+    data = path.read_bytes()
+    starts = [n for n, ln in enumerate(data.split(b"\n"), 1) if ln.startswith(b"From ")]
+    found = []
+    with tempfile.TemporaryDirectory() as tmp:
+        split = Path(tmp) / "split"
+        split.mkdir()
+        gitutil.git(tmp, "mailsplit", f"-o{split}", str(path.resolve()))
+        for k, mail in enumerate(sorted(split.iterdir())):
+            msg, patch = Path(tmp) / "msg", Path(tmp) / "patch"
+            info = gitutil.git(tmp, "mailinfo", "-b", str(msg), str(patch),
+                               input=mail.read_bytes(), text=False).stdout  # fmt: skip
+            head = dict(
+                ln.split(": ", 1)
+                for ln in info.decode("utf-8", "replace").splitlines()
+                if ": " in ln
+            )
+            trailers = gitutil.out(tmp, "interpret-trailers", "--parse",
+                                   input=msg.read_text(errors="replace"))  # fmt: skip
+            values = [
+                ln.split(": ", 1)[1].strip()
+                for ln in trailers.splitlines()
+                if ln.lower().startswith("signed-off-by: ")
+            ]
+            author = identity.parse(
+                f"{head.get('Author', '')} <{head.get('Email', '')}>"
+            )
+            line = starts[k] if k < len(starts) else 1
+            found.append((line, author, head.get("Subject", ""), values))
+    return found
+
+
+def mbox_findings(path: Path, where: str) -> list[Finding]:
+    """A mail to send: signed off (a Signed-off-by of a person's, one of them its
+    author's, as the DCO app checks) and authored by a person: the stack's shared
+    identity or a placeholder as the author of a signed mail is refused
+    (`vstack upstream --signoff` makes the signer its author)."""
+    found = []
+    try:
+        parsed = mails(path)
+    except VstackError as e:
+        return [Finding(f"{where}:1", f"not an mbox git can read: {e}")]
+    if not parsed:
+        return [Finding(f"{where}:1", "holds no mail (not an mbox)")]
+    for line, author, subject, values in parsed:
+        at = f"{where}:{line}"
+        if not values:
+            found.append(Finding(at, f"'{subject}': no Signed-off-by: not sendable "
+                                 f"(`vstack upstream <patch> --signoff` signs it)"))  # fmt: skip
+            continue
+        found += [Finding(at, f.message) for f in signoff_findings(where, values)]
+        if author is None:
+            found.append(Finding(at, f"'{subject}': its author is not 'Name <email>'"))
+            continue
+        why = identity.refusal(author)
+        if why:
+            found.append(Finding(at, f"'{subject}': From: {author}: {why}; a signed "
+                                 f"mail's author must be a person (`vstack upstream "
+                                 f"--signoff` makes the signer the author of the "
+                                 f"stack's shared identity's patches)"))  # fmt: skip
+        elif not any(
+            (i := identity.parse(v)) is not None and i.same_as(author) for v in values
+        ):
+            found.append(Finding(at, f"'{subject}': no Signed-off-by from its author "
+                                 f"{author} (the DCO check fails)"))  # fmt: skip
+    return found
+
+
+def outgoing_findings(root: Path, outgoing: Path) -> list[Finding]:
+    """Every signed mbox under .vstack/outgoing/ (*.unsigned.mbox are not meant
+    to be sent)."""
+    found = []
+    if not outgoing.is_dir():
+        return found
+    for path in sorted(outgoing.rglob("*.mbox")):
+        if path.name.endswith(".unsigned.mbox") or not path.is_file():
+            continue
+        where = path.relative_to(root) if path.is_relative_to(root) else path
+        found += mbox_findings(path, where.as_posix())
     return found
 
 
@@ -324,11 +412,28 @@ def lint_resolutions(root: Path, pin_version: str | None = None) -> list[Finding
     return found
 
 
-def cmd_lint(project: Project, git_path: str | None = None) -> int:
+def cmd_lint(
+    project: Project, git_path: str | None = None, mboxes: list[str] | None = None
+) -> int:
     from vstack.precommit import on_series
 
+    if mboxes:
+        found = []
+        for m in mboxes:
+            path = Path(m)
+            if not path.is_file():
+                raise VstackError(f"{m}: no such file")
+            found += mbox_findings(path, m)
+        for f in found:
+            print(f)
+        if found:
+            print(f"vstack lint: {len(found)} problem(s) in {len(mboxes)} mbox(es)")
+            return 1
+        print(f"vstack lint: {len(mboxes)} mbox(es) OK: signed off by their authors")
+        return 0
     version = project.pin.version
     found = lint_series(project.patches_dir) + lint_resolutions(project.root, version)
+    found += outgoing_findings(project.root, project.cache / "outgoing")
     hooks, note = on_series(project, git_path)
     found += [Finding(f"patches/{name}:1", message) for name, message in hooks]
     for f in found:

@@ -30,11 +30,12 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from vstack import fsutil, gitutil, identity, settings
+from vstack import drafts, fsutil, gitutil, identity, settings
 from vstack.apply import apply_patches
 from vstack.base import (
     Base,
     base_from_git,
+    base_from_wheel,
     ensure_base,
     pinned_base_anywhere,
     submodule_head,
@@ -44,6 +45,7 @@ from vstack.errors import VstackError
 from vstack.export import applied_tip
 from vstack.identity import Identity
 from vstack.lint import SPDX_LINES, _added_lines, forbidden_import, new_torch_cuda_call
+from vstack.nightly import NIGHTLY, fetch_per_commit, is_per_commit_target
 from vstack.series import parse_patch, series_paths
 
 # Trailers a vLLM commit may carry; every other trailer of a stack patch
@@ -369,7 +371,15 @@ class Stack:
     base: Base
     checkout: Path | None
     ruff_config: Path
+    # a base other than the pin (`--base nightly`, a commit's wheel): its drafts
+    # are re-cuts, written under .vstack/outgoing/<patch>/on-<commit>/ only
+    recut: str | None = None
     _deps: dict = dataclasses.field(default_factory=dict)
+
+    def outgoing(self, slug: str) -> Path:
+        """Where this run's copies of a draft go (never upstream/)."""
+        folder = self.project.cache / OUTGOING / slug
+        return folder / f"on-{self.recut}" if self.recut else folder
 
     def index(self, patch_name: str) -> int:
         if patch_name in self.names:
@@ -434,7 +444,8 @@ class Stack:
         return out
 
 
-def load_stack(project: Project, git_path: str | None, base_rev: str | None) -> Stack:
+def load_stack(project: Project, git_path: str | None, base_rev: str | None,
+               wheel_index: str | None = None) -> Stack:  # fmt: skip
     patches = series_paths(project.patches_dir)
     infos = [parse_patch(p.read_text(errors="replace")) for p in patches]
     checkout = (
@@ -443,7 +454,15 @@ def load_stack(project: Project, git_path: str | None, base_rev: str | None) -> 
         else (project.submodule if submodule_head(project) else None)
     )
     ruff_config = Path(__file__).with_name("vllm_ruff.toml")
-    if checkout is not None:
+    recut = None
+    if base_rev and (
+        base_rev == NIGHTLY or (checkout is None and is_per_commit_target(base_rev))
+    ):
+        # a per-commit wheel of vLLM's main branch: no checkout needed
+        base, _ = per_commit_base(project, base_rev, wheel_index)
+        # named after the commit the wheel reports, whether fetched or cached
+        recut, checkout = base.upstream_commit.removeprefix("g")[:12], None
+    elif checkout is not None:
         if not gitutil.is_repo(checkout):
             raise VstackError(f"{checkout} is not a git checkout")
         rev = base_rev or project.pin.short_hash
@@ -453,6 +472,12 @@ def load_stack(project: Project, git_path: str | None, base_rev: str | None) -> 
         base = base_from_git(project, checkout, rev, project.pin.version)
         if (checkout / "pyproject.toml").is_file():
             ruff_config = checkout / "pyproject.toml"
+    elif base_rev:
+        raise VstackError(
+            f"--base {base_rev}: without a vLLM checkout (--git PATH, or a populated "
+            f"vllm/) the base is `nightly` or a commit id of vLLM's main branch (its "
+            f"per-commit wheel)"
+        )
     else:
         base = ensure_base(project)
     # Whether a patch stands alone, and which earlier ones it needs, is decided with
@@ -461,17 +486,65 @@ def load_stack(project: Project, git_path: str | None, base_rev: str | None) -> 
     # so the PR revision, the same in a fresh clone as after `scripts/build`.
     applied_tip(project, pinned_base_anywhere(project), patches)
     names = [p.name for p in patches]
-    return Stack(project, patches, names, infos, base, checkout, ruff_config)
+    return Stack(project, patches, names, infos, base, checkout, ruff_config, recut)
+
+
+def per_commit_base(
+    project: Project, target: str, flag: str | None
+) -> tuple[Base, str]:
+    """(base, upstream commit) of a per-commit wheel (`nightly`, a commit id); when the wheel
+    index cannot be reached for `nightly`, the newest nightly already in the wheel
+    cache, said so in one line (the newest base this machine can reach)."""
+    try:
+        got = fetch_per_commit(project, target, flag)
+    except VstackError as e:
+        if target != NIGHTLY:
+            raise
+        cached = newest_cached_nightly(project)
+        if cached is None:
+            raise VstackError(
+                f"{e}; and the wheel cache ({project.wheel_cache}) holds no vLLM "
+                f"nightly newer than the pinned {project.pin.version} to use instead"
+            ) from None
+        print(f"vstack upstream: {e}: using the newest nightly in the wheel cache, "
+              f"{cached.name}", file=sys.stderr)  # fmt: skip
+        from vstack.fetch import sha256_file
+
+        base = base_from_wheel(project, cached, sha256_file(cached))
+        return base, base.upstream_commit.removeprefix("g")
+    return base_from_wheel(project, got.wheel, got.sha256), got.commit
+
+
+def newest_cached_nightly(project: Project) -> Path | None:
+    """The wheel cache's vLLM wheel of the newest development version (a nightly:
+    `.devN+g<commit>`) newer than the pin, or None."""
+    from vstack.nightly import WHEEL_NAME, version_key
+
+    pinned = version_key(project.pin.version)
+    best = None
+    for wheel in sorted(project.wheel_cache.glob("vllm-*.whl")):
+        m = WHEEL_NAME.match(wheel.name)
+        key = version_key(m["version"]) if m else None
+        if key is None or key[3] == float("inf") or "+g" not in m["version"]:
+            continue
+        if pinned is not None and key <= pinned:
+            continue
+        if best is None or key > best[0]:
+            best = (key, wheel)
+    return best[1] if best else None
 
 
 # ---------------------------------------------------------------- git steps
 
 
-def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None) -> list[str]:
+def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None,
+             replaced: list | None = None) -> list[str]:  # fmt: skip
     """Re-create base..tip (trees and author dates kept) with stack-only trailers
-    removed; with a signer, their sign-off added, and the stack's shared author
-    replaced by them (the DCO check wants the author's own sign-off). Any other
-    author is kept as it is: one that cannot sign off is an error, never replaced."""
+    removed; with a signer, their sign-off added, and an author that names no
+    person (the stack's shared identity, a placeholder) replaced by them: the DCO
+    check wants the author's own sign-off. A person's authorship is kept; a bot or
+    tool author other than the stack's own is an error, never replaced. Each
+    replacement is appended to `replaced` as (old author, why, subject)."""
     parent, made = base, []
     for sha in gitutil.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split():
         fmt = gitutil.out(repo, "log", "-1", "--date=raw",
@@ -482,7 +555,12 @@ def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None) -> list[s
         )
         if signer is not None:
             author = identity.parse(f"{an} <{ae}>")
-            if author is not None and identity.is_shared(author):
+            why_replace = identity.author_to_replace(author)
+            if why_replace:
+                if replaced is not None:
+                    replaced.append(
+                        (f"{an} <{ae}>", why_replace, msg.split("\n", 1)[0])
+                    )
                 an, ae = signer.name, signer.email
             elif author is None or identity.refusal(author):
                 subject = msg.split("\n", 1)[0]
@@ -504,7 +582,8 @@ def _rewrite(repo: Path, base: str, tip: str, signer: Identity | None) -> list[s
 
 
 def build_chain(project: Project, base: str, patches: list[Path], what: str,
-                signer: Identity | None = None, rewrite: bool = True) -> list[str]:  # fmt: skip
+                signer: Identity | None = None, rewrite: bool = True,
+                replaced: list | None = None) -> list[str]:  # fmt: skip
     """The commits of the patches applied in order on base (stack trailers removed
     unless rewrite=False)."""
     repo = project.repo
@@ -526,7 +605,7 @@ def build_chain(project: Project, base: str, patches: list[Path], what: str,
         )
     if not rewrite:
         return gitutil.out(repo, "rev-list", "--reverse", f"{base}..{tip}").split()
-    return _rewrite(repo, base, tip, signer)
+    return _rewrite(repo, base, tip, signer, replaced)
 
 
 def format_mbox(repo: Path, start: str, tip: str) -> bytes:
@@ -682,6 +761,9 @@ class Draft:
     loc: int = 0
     revision: int = 0
     rfc: str | None = None
+    # (old author, why, subject) of each commit whose author the signer replaced
+    replaced: list = dataclasses.field(default_factory=list)
+    recorded: bool = True  # its revision is the one upstream/<patch>/ records
 
     @property
     def failed(self) -> list[Check]:
@@ -690,6 +772,10 @@ class Draft:
     @property
     def signed(self) -> bool:
         return not any(c.status == "UNSIGNED" for c in self.checks)
+
+    @property
+    def failed_dco(self) -> bool:
+        return any(c.name == "dco" and c.status == "FAIL" for c in self.checks)
 
 
 def _own_tests(info, tip_files: set[str]) -> list[str]:
@@ -821,12 +907,16 @@ def make_draft(stack: Stack, i: int, python: Path | None, run_tests: bool,
                             f"{RFC_LINES}): vLLM asks for an RFC issue first; name its "
                             f"document with an `RFC: docs/<name>.md` trailer", status="NOTE"))  # fmt: skip
     hint = f'scripts/vstack upstream {slug} --signoff "Full Name <you@domain>"'
-    checks.append(dco_check(repo, commits[len(chain) :], hint))
-    signed_commits = None
+    signed_commits, replaced = None, []
     if signer is not None:
-        signed_commits = build_chain(project, stack.base.commit, paths, where, signer)
+        signed_commits = build_chain(project, stack.base.commit, paths, where, signer,
+                                     replaced=replaced)  # fmt: skip
+        checks.append(dco_check(repo, signed_commits[len(chain) :], hint))
+    else:
+        checks.append(dco_check(repo, commits[len(chain) :], hint))
     draft = Draft(i, slug, title, direct, chain, how, start, tip, mbox, checks, tests,
-                  test_run, repro_run, non_test_lines(diff), loc, rfc=rfc)  # fmt: skip
+                  test_run, repro_run, non_test_lines(diff), loc, rfc=rfc,
+                  replaced=replaced)  # fmt: skip
     return draft, signed_commits
 
 
@@ -995,8 +1085,8 @@ def _rev_ref(slug: str, n: int, what: str = "tip") -> str:
     return f"refs/vstack/upstream/{slug}/v{n}" + ("" if what == "tip" else f"-{what}")
 
 
-def rebuild(project: Project, slug: str, rev: dict,
-            signer: Identity | None = None) -> tuple[str, str, bytes]:  # fmt: skip
+def rebuild(project: Project, slug: str, rev: dict, signer: Identity | None = None,
+            replaced: list | None = None) -> tuple[str, str, bytes]:  # fmt: skip
     """(start, tip, mbox) of a recorded revision, from the git objects it records:
     the patch blobs applied on the recorded pin's base, or an old revision's mbox
     from the project commit that held it."""
@@ -1038,9 +1128,8 @@ def rebuild(project: Project, slug: str, rev: dict,
             path = Path(tmp) / f"{k:03d}-{p['name']}"
             path.write_bytes(got.stdout)
             paths.append(path)
-        commits = build_chain(
-            project, base.commit, paths, f"vLLM {pin.version}", signer
-        )
+        commits = build_chain(project, base.commit, paths, f"vLLM {pin.version}",
+                              signer, replaced=replaced)  # fmt: skip
     start = commits[-2] if len(commits) > 1 else base.commit
     mbox = format_mbox(project.repo, start, commits[-1])
     if signer is None and hashlib.sha256(mbox).hexdigest() != rev["digest"]:
@@ -1070,9 +1159,21 @@ def range_diff(project: Project, slug: str, prev: dict, start: str, tip: str) ->
                        f"{start}..{tip}").stdout  # fmt: skip
 
 
-def record_revision(stack: Stack, d: Draft) -> tuple[int, str | None]:
-    """The draft's revision number (a new one when its mbox changed) and, for a
-    new revision after the first, the range-diff against the previous one."""
+def revision_of(project: Project, slug: str, mbox: bytes) -> tuple[int, bool]:
+    """(revision number, recorded?) of a draft's mbox, reading upstream/ only: a
+    recorded revision with this digest, else the number it would be given."""
+    revs = load_meta(project, slug)["revisions"]
+    digest = hashlib.sha256(mbox).hexdigest()
+    for rev in reversed(revs):
+        if rev["digest"] == digest:
+            return rev["revision"], True
+    return (revs[-1]["revision"] + 1 if revs else 1), False
+
+
+def record_revision(stack: Stack, d: Draft) -> tuple[int, str | None, dict]:
+    """The draft's revision number (a new one when its mbox changed), for a new
+    revision after the first the range-diff against the previous one, and the
+    draft's meta.json to write."""
     project = stack.project
     meta = load_meta(project, d.slug)
     digest = hashlib.sha256(d.mbox).hexdigest()
@@ -1092,27 +1193,68 @@ def record_revision(stack: Stack, d: Draft) -> tuple[int, str | None]:
     repo = project.repo
     gitutil.git(repo, "update-ref", _rev_ref(d.slug, n), d.tip)
     gitutil.git(repo, "update-ref", _rev_ref(d.slug, n, "start"), d.start)
-    out = project.root / "upstream" / d.slug
-    out.mkdir(parents=True, exist_ok=True)
-    fsutil.write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
-    return n, rd
+    return n, rd, meta
 
 
-def write_draft(stack: Stack, d: Draft, range_text: str | None) -> Path:
-    out = stack.project.root / "upstream" / d.slug
-    keep = {f"v{d.revision}.mbox", f"range-diff-v{d.revision - 1}-v{d.revision}.txt"}
-    for old in [*out.glob("v*.mbox"), *out.glob("range-diff-*.txt")]:
-        if old.name not in keep:
-            fsutil.remove(old)
-    fsutil.write_bytes(out / f"v{d.revision}.mbox", d.mbox)
+def _meta_text(meta: dict) -> str:
+    return json.dumps(meta, indent=2) + "\n"
+
+
+def write_draft(stack: Stack, d: Draft, range_text: str | None,
+                meta: dict) -> tuple[Path, list[str]]:  # fmt: skip
+    """upstream/<patch>/: title, body, checks, the range-diff from the previous
+    revision and meta.json; no mbox (regenerated from the patch files in git).
+    A file the user edited is kept (the new one goes to .vstack/outgoing/); an
+    mbox or range-diff of an earlier revision is removed when git or the
+    recorded patch files can give it back. (folder, notes to print)"""
+    root = stack.project.root
+    out = root / "upstream" / d.slug
+    files = {"title.txt": (d.title + "\n").encode(),
+             "body.md": render_body(stack, d).encode(),
+             "checks.txt": render_checks(stack, d).encode()}  # fmt: skip
+    current_rd = f"range-diff-v{d.revision - 1}-v{d.revision}.txt"
     if range_text is not None:
-        fsutil.write_text(
-            out / f"range-diff-v{d.revision - 1}-v{d.revision}.txt", range_text
-        )
-    fsutil.write_text(out / "title.txt", d.title + "\n")
-    fsutil.write_text(out / "body.md", render_body(stack, d))
-    fsutil.write_text(out / "checks.txt", render_checks(stack, d))
-    return out
+        files[current_rd] = range_text.encode()
+    record = meta.setdefault("files", {})
+    changed = {n for n in drafts.edited(root, out, files, record)
+               if not (out / n).is_file() or (out / n).read_bytes() != files[n]}  # fmt: skip
+    for name, data in files.items():
+        if name not in changed:
+            if (out / name).is_file():  # its content now is vstack's too
+                drafts.remember(record, name, (out / name).read_bytes())
+            drafts.remember(record, name, data)
+    out.mkdir(parents=True, exist_ok=True)
+    # meta.json first: a run killed before the files are written still knows
+    # both their old and their new content as its own
+    fsutil.write_text(out / "meta.json", _meta_text(meta))
+    notes = []
+    spill = stack.outgoing(d.slug)
+    for name, data in files.items():
+        path = out / name
+        if name in changed:
+            fsutil.write_bytes(spill / name, data)
+            notes.append(f"kept upstream/{d.slug}/{name}: it holds edits vstack did not "
+                         f"make (vstack's new one: {spill / name})")  # fmt: skip
+        elif not (path.is_file() and path.read_bytes() == data):
+            fsutil.write_bytes(path, data)
+    regenerable = {r["digest"] for r in meta["revisions"] if "patches" in r}
+    removed = False
+    for old in sorted([*out.glob("v*.mbox"), *out.glob("range-diff-*.txt")]):
+        if old.name in files or old.name == current_rd:
+            continue
+        if (
+            old.suffix == ".mbox"
+            and hashlib.sha256(old.read_bytes()).hexdigest() in regenerable
+        ) or drafts.is_ours(root, old, record.get(old.name)):
+            fsutil.remove(old)
+            removed |= record.pop(old.name, None) is not None
+        else:
+            notes.append(f"kept upstream/{d.slug}/{old.name}: vstack cannot regenerate "
+                         f"it (not committed, or edited): remove it once you no "
+                         f"longer need it")  # fmt: skip
+    if removed:
+        fsutil.write_text(out / "meta.json", _meta_text(meta))
+    return out, notes
 
 
 def render_checks(stack: Stack, d: Draft) -> str:
@@ -1222,75 +1364,175 @@ def write_rfcs(stack: Stack, drafts: dict[int, Draft]) -> list[str]:
 # ---------------------------------------------------------------- the verb
 
 
-def _sendable(stack: Stack, d: Draft, signed: list[str], signer: Identity) -> Path:
-    """The signed copy of a draft: .vstack/outgoing/<slug>/v<N>.mbox and its DCO."""
+def _mbox_name(stack: Stack, d: Draft, signed: bool) -> str:
+    stem = "pr" if stack.recut else f"v{d.revision}"
+    return f"{stem}.mbox" if signed else f"{stem}.unsigned.mbox"
+
+
+def write_outgoing(stack: Stack, d: Draft, signed: list[str] | None,
+                   signer: Identity | None, recording: bool) -> tuple[Path, Path | None]:  # fmt: skip
+    """.vstack/outgoing/<patch>/ (on-<commit>/ for a re-cut): the mbox (signed:
+    v<N>.mbox, only when the DCO check passes; unsigned: v<N>.unsigned.mbox),
+    and, unless this run records upstream/<patch>/, its checks, title and body:
+    upstream/<patch>/'s own title and body (the user's edits and the recorded
+    test evidence) when that is this revision, else the ones made now.
+    (folder, the mbox to send or None)"""
+    folder = stack.outgoing(d.slug)
+    folder.mkdir(parents=True, exist_ok=True)
+    start = d.start
+    if signer is not None:
+        start = signed[len(d.chain) - 1] if d.chain else stack.base.commit
+        tip = signed[-1]
+    else:
+        tip = d.tip
+    mbox = None
+    if signer is None or not d.failed_dco:
+        mbox = folder / _mbox_name(stack, d, signer is not None)
+        fsutil.write_bytes(mbox, format_mbox(stack.project.repo, start, tip))
+    if signer is not None and d.failed_dco:
+        fsutil.remove(folder / _mbox_name(stack, d, True))
+    if recording:
+        return folder, mbox
+    recorded = stack.project.root / "upstream" / d.slug
+    files = {"title.txt": d.title + "\n", "body.md": render_body(stack, d)}
+    if d.recorded and not stack.recut:
+        for name in files:
+            if (recorded / name).is_file():
+                files[name] = (recorded / name).read_text(errors="replace")
+    files["checks.txt"] = render_checks(stack, d)
+    for name, text in files.items():
+        fsutil.write_text(folder / name, text)
+    return folder, mbox
+
+
+def _authors_line(
+    stack: Stack, d: Draft, signer: Identity, signed: list[str]
+) -> list[str]:
+    """One line naming every author the signer replaced (the stack's shared
+    identity, a placeholder) and on which commits, and one per person whose
+    authorship is kept."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for old, why, subject in d.replaced:
+        by.setdefault((old, why), []).append(subject)
+    parts = []
+    for (old, why), subjects in by.items():
+        own = sum(1 for s in subjects if s == d.title)
+        what = [f"this PR's commit{'s' if own > 1 else ''}"] if own else []
+        if len(subjects) > own:
+            what.append(f"{len(subjects) - own} commit(s) of the PRs it depends on")
+        parts.append(f"{old} ({why}) on {' and '.join(what)}")
+    lines = [f"  author: {signer} replaces {'; '.join(parts)}"] if parts else []
+    for sha in signed[len(d.chain) :]:
+        who = gitutil.out(stack.project.repo, "log", "-1", "--format=%an <%ae>", sha)
+        if who != f"{signer.name} <{signer.email}>":
+            lines.append(f"  author: {who} (a person) is kept; {signer} adds their "
+                         f"sign-off")  # fmt: skip
+    return lines
+
+
+def _publish(stack: Stack, d: Draft, tip: str) -> tuple[str, list[str]]:
+    """The draft's branch in the vLLM checkout (drafts.publish_branch)."""
     repo = stack.project.repo
-    start = signed[len(d.chain) - 1] if d.chain else stack.base.commit
-    out = stack.project.cache / OUTGOING / d.slug
-    out.mkdir(parents=True, exist_ok=True)
-    mbox = out / f"v{d.revision}.mbox"
-    fsutil.write_bytes(mbox, format_mbox(repo, start, signed[-1]))
-    dco = dco_check(repo, signed[len(d.chain) :], "")
-    fsutil.write_text(
-        out / "checks.txt", f"{dco.status:<8} {dco}\nsigned off by: {signer}\n"
+    known = {d.tip}
+    for ref in gitutil.out(repo, "for-each-ref", "--format=%(objectname)",
+                           f"refs/vstack/upstream/{d.slug}/").split():  # fmt: skip
+        known.add(ref)
+    return drafts.publish_branch(
+        stack.checkout, repo, f"vstack/{d.slug}-v{d.revision}", tip, known
     )
-    if dco.status == "FAIL":
-        raise VstackError(
-            f"{d.slug}: signed as {signer}, the DCO check still fails: {dco.message}"
-        )
-    return mbox
 
 
-def _report(stack: Stack, d: Draft, out: Path, range_text: str | None,
-            signer: Identity | None, sendable: Path | None, signed: list[str] | None) -> None:  # fmt: skip
-    root = stack.project.root
+def _report(stack: Stack, d: Draft, written: list[str], range_text: str | None,
+            signer: Identity | None, sendable: Path | None, signed: list[str] | None,
+            notes: list[str]) -> None:  # fmt: skip
     for j in d.direct:
         print(f"  depends on: {stack.names[j]} ({stack.infos[j].subject})"
               + (" [inferred]" if d.how == "inferred" else ""))  # fmt: skip
-    print(f"  revision {d.revision}; title: {d.title}; {d.non_test} non-test line(s)")
-    print(
-        f"  wrote {out.relative_to(root)}/{{title.txt,body.md,v{d.revision}.mbox,checks.txt}}"
-    )
+    rev = f"revision {d.revision}" + ("" if d.recorded or stack.recut else
+                                      " (not recorded in upstream/ yet)")  # fmt: skip
+    if stack.recut:
+        rev = f"re-cut on vLLM {stack.base.version}"
+    print(f"  {rev}; title: {d.title}; {d.non_test} non-test line(s)")
+    for line in written:
+        print(f"  {line}")
     if range_text is not None:
         print(f"  range-diff v{d.revision - 1} -> v{d.revision}:")
         print("".join(f"    {ln}\n" for ln in range_text.splitlines()), end="")
     for c in d.checks:
         if c.status in ("FAIL", "NOTE"):
             print(f"  {c.status} {c}")
-    branch = f"vstack/{d.slug}-v{d.revision}"
-    if stack.checkout is not None:
+    if signer is not None and signed:
+        for line in _authors_line(stack, d, signer, signed):
+            print(line)
+    branch = None
+    if stack.checkout is not None and not stack.recut and not d.failed_dco:
         tip = signed[-1] if signed else d.tip
-        gitutil.git(stack.checkout, "fetch", "-q", "--no-tags", str(stack.project.repo.resolve()),
-                    f"+{tip}:refs/heads/{branch}")  # fmt: skip
+        branch, bnotes = _publish(stack, d, tip)
+        notes = [*notes, *bnotes]
         print(f"  branch {branch} in {stack.checkout} ({len(d.chain) + 1} commit(s)"
               + (f", signed off by {signer})" if signer else ", unsigned)"))  # fmt: skip
+    for n in notes:
+        print(f"  note: {n}")
     if signer is None:
         print(f"  unsigned: not sendable yet: scripts/vstack upstream {d.slug} --signoff "
               f'"Full Name <you@domain>" (or VSTACK_SIGNOFF) makes the copy to send')  # fmt: skip
+        return
+    if sendable is None:
+        print(
+            f"  not sendable: the DCO check fails (see {stack.outgoing(d.slug) / 'checks.txt'})"
+        )
         return
     print(f"  sendable: {sendable} (signed off by {signer})")
     print("  next steps (not run):")
     onto = (f"<the branch of {stack.slug(d.direct[-1])}>" if d.direct
             else stack.base.upstream_commit.lstrip("g"))  # fmt: skip
-    if stack.checkout is not None:
+    if branch is not None:
         print(f"    git -C {stack.checkout} push <your-fork> {branch}:{d.slug}")
     else:
         print(f"    git -C <your vLLM clone> checkout -b {d.slug} {onto} && "
               f"git -C <your vLLM clone> am {sendable}")  # fmt: skip
         print(f"    git -C <your vLLM clone> push <your-fork> {d.slug}")
+    folder = stack.outgoing(d.slug)
+    title = (
+        (folder / "title.txt").read_text().strip()
+        if (folder / "title.txt").is_file()
+        else d.title
+    )
     print(f"    gh pr create --repo vllm-project/vllm --base main --head <you>:{d.slug} "
-          f"--title {json.dumps(d.title)} --body-file {out / 'body.md'}")  # fmt: skip
+          f"--title {json.dumps(title)} --body-file {folder / 'body.md'}")  # fmt: skip
 
 
 def upstream_one(stack: Stack, i: int, python: Path | None, run_tests: bool,
-                 signer: Identity | None) -> Draft:  # fmt: skip
+                 signer: Identity | None, recording: bool) -> Draft:  # fmt: skip
+    """One draft. A recording run (unsigned, tests run, the pinned base) records
+    its revision and writes upstream/<patch>/; any other run writes only under
+    .vstack/outgoing/ and leaves upstream/ as it is."""
     d, signed = make_draft(stack, i, python, run_tests, signer)
-    d.revision, range_text = record_revision(stack, d)
-    out = write_draft(stack, d, range_text)
-    sendable = _sendable(stack, d, signed, signer) if signer is not None else None
-    _report(stack, d, out, range_text, signer, sendable, signed)
     root = stack.project.root
-    if gitutil.is_repo(root):
+    range_text, notes = None, []
+    if recording:
+        d.revision, range_text, meta = record_revision(stack, d)
+        out, notes = write_draft(stack, d, range_text, meta)
+        names = ["title.txt", "body.md", "checks.txt"]
+        if range_text is not None:
+            names.append(f"range-diff-v{d.revision - 1}-v{d.revision}.txt")
+        written = [f"wrote {out.relative_to(root)}/{{{','.join(names)},meta.json}}"]
+    elif stack.recut:
+        d.revision, d.recorded = 0, False
+        written = []
+    else:
+        d.revision, d.recorded = revision_of(stack.project, d.slug, d.mbox)
+        written = []
+    folder, sendable = write_outgoing(stack, d, signed, signer, recording)
+    shown = sorted(p.name for p in folder.iterdir() if p.is_file())
+    rel = folder.relative_to(root) if folder.is_relative_to(root) else folder
+    written.append(f"wrote {rel}/{{{','.join(shown)}}}")
+    if not recording and not stack.recut:
+        why = "--signoff" if signer else "--no-tests"
+        written.append(f"upstream/{d.slug}/ unchanged ({why}: writes only under "
+                       f".vstack/outgoing/)")  # fmt: skip
+    _report(stack, d, written, range_text, signer, sendable, signed, notes)
+    if gitutil.is_repo(root) and recording:
         dirty = gitutil.out(root, "status", "--porcelain", "--", "patches").strip()
         if dirty:
             print("  note: commit patches/ with upstream/: a revision is regenerated from "
@@ -1298,19 +1540,24 @@ def upstream_one(stack: Stack, i: int, python: Path | None, run_tests: bool,
     return d
 
 
-def write_index(stack: Stack, drafts: list[Draft], notes: list[str]) -> None:
+def render_index(stack: Stack, drafts_: list[Draft], notes: list[str]) -> str:
+    where = (f"re-cut on vLLM {stack.base.version} (commit {stack.recut})" if stack.recut
+             else f"against vLLM {stack.base.version}")  # fmt: skip
     lines = [
         "# PR drafts", "",
-        f"Generated by `scripts/vstack upstream --all` against vLLM {stack.base.version}; one "
-        "folder per PR (title.txt, body.md, the current revision's mbox, the range-diff from "
-        "the previous one, checks.txt, meta.json). Unsigned: `--signoff` makes the copy to send.",
+        f"Generated by `scripts/vstack upstream --all` {where}; one folder per PR "
+        "(title.txt, body.md, checks.txt, meta.json, the range-diff from the previous "
+        "revision). The mboxes are not kept here: `--revision N` regenerates one from the "
+        "patch files in git, `--signoff` makes the signed copy to send (.vstack/outgoing/).",
         "",
         "| # | draft | rev | non-test lines | depends on | tests on its base | checks |",
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
-    for k, d in enumerate(drafts, 1):
+    for k, d in enumerate(drafts_, 1):
         deps = (
-            ", ".join(f"#{drafts.index(x) + 1}" for x in drafts if x.index in d.direct)
+            ", ".join(
+                f"#{drafts_.index(x) + 1}" for x in drafts_ if x.index in d.direct
+            )
             or "stock"
         )
         tests = d.test_run.summary if d.test_run is not None else "not run"
@@ -1322,7 +1569,7 @@ def write_index(stack: Stack, drafts: list[Draft], notes: list[str]) -> None:
             f"| {k} | `{d.slug}` | {d.revision} | {d.non_test} | {deps} | {tests} | {status} |"
         )
     lines += ["", *[f"- {n}" for n in notes], ""]
-    fsutil.write_text(stack.project.root / "upstream" / "index.md", "\n".join(lines))
+    return "\n".join(lines)
 
 
 def stale_draft_verdict(
@@ -1367,35 +1614,119 @@ def remove_stale_draft(root: Path, folder: Path) -> str:
             f"more (its files are committed: they stay in git history)")  # fmt: skip
 
 
+def write_index(stack: Stack, drafts_: list[Draft], notes: list[str],
+                recording: bool) -> str:  # fmt: skip
+    """upstream/index.md on a recording run (kept when the user edited it: the
+    new one goes beside the drafts' copies), else .vstack/outgoing/'s. The path
+    written, relative to the project when inside it."""
+    root = stack.project.root
+    text = render_index(stack, drafts_, notes).encode()
+    outgoing = stack.project.cache / OUTGOING
+    name = f"index-on-{stack.recut}.md" if stack.recut else "index.md"
+    path = root / "upstream" / "index.md"
+    mark = outgoing / ".index.md.written"
+    written = mark.read_text().split() if mark.is_file() else None
+    if not recording or not (
+        drafts.is_ours(root, path, written)
+        or (path.is_file() and path.read_bytes() == text)
+    ):
+        path = outgoing / name
+    else:
+        fsutil.write_text(mark, " ".join([drafts.digest(text), *(written or [])][:8]))
+    fsutil.write_bytes(path, text)
+    return str(path.relative_to(root) if path.is_relative_to(root) else path)
+
+
+def _recut_row(k: int, stack: Stack, i: int, d: Draft | None, error: str | None) -> str:
+    """One PR's line of a re-cut's summary: does it apply, do its tests pass."""
+    name = stack.slug(i)
+    if d is None:
+        return f"  {k:>2} {name}: does not apply: {error}"
+    deps = ", ".join(stack.slug(j) for j in d.direct)
+    applies = "applies" + (f" (on {deps})" if deps else " (on stock)")
+    tests = next((c for c in d.checks if c.name == "tests"), None)
+    if tests is None or tests.status == "NOTE":
+        t = "no tests of its own"
+    elif tests.status == "SKIP":
+        t = "tests not run (--no-tests)"
+    elif tests.status == "PASS":
+        t = f"tests pass ({d.test_run.summary})" if d.test_run else "tests pass"
+    else:
+        t = f"tests FAIL ({tests.message})"
+    others = [c for c in d.failed if c.name != "tests"]
+    extra = f"; {len(others)} other check(s) failed" if others else ""
+    return f"  {k:>2} {name}: {applies}; {t}{extra}"
+
+
 def cmd_upstream(project: Project, patch_name: str | None, git_path: str | None,
                  base_rev: str | None, *, all_patches: bool = False,
                  signoff: str | None = None, revision: int | None = None,
-                 run_tests: bool = True, python: str | None = None) -> int:  # fmt: skip
+                 run_tests: bool = True, python: str | None = None,
+                 wheel_index: str | None = None) -> int:  # fmt: skip
     signer = identity.signer(signoff, project.root)
+    if signer is not None and signer.given:
+        print(
+            f"vstack upstream: signing off as {signer} (git records {signer.given} so)"
+        )
     if revision is not None:
         if not patch_name:
             raise VstackError("--revision N needs a patch")
+        if base_rev or git_path:
+            raise VstackError(
+                f"--revision {revision} rebuilds a recorded revision on the base it "
+                f"records: drop --base/--git (or leave out --revision to re-cut)"
+            )
         return cmd_revision(project, patch_name, revision, signer)
     if not all_patches and not patch_name:
         raise VstackError("give a patch (a patches/series entry) or --all")
     from vstack.check import test_env_python
 
     py = Path(python) if python else test_env_python(project)
-    stack = load_stack(project, git_path, base_rev)
+    stack = load_stack(project, git_path, base_rev, wheel_index)
     indices = range(len(stack.names)) if all_patches else [stack.index(patch_name)]
-    drafts = [upstream_one(stack, i, py, run_tests, signer) for i in indices]
+    recording = signer is None and run_tests and stack.recut is None
+    if not recording and all_patches and stack.recut is None:
+        print("vstack upstream: with --signoff or --no-tests nothing in upstream/ "
+              "changes: every copy goes to .vstack/outgoing/")  # fmt: skip
+    made: list[Draft] = []
+    rows = []
+    for k, i in enumerate(indices, 1):
+        if stack.recut is None:
+            made.append(upstream_one(stack, i, py, run_tests, signer, recording))
+            continue
+        try:
+            d = upstream_one(stack, i, py, run_tests, signer, recording)
+        except VstackError as e:
+            print(f"  does not apply: {e}")
+            rows.append(_recut_row(k, stack, i, None, str(e)))
+            continue
+        made.append(d)
+        rows.append(_recut_row(k, stack, i, d, None))
     if all_patches:
-        notes = write_rfcs(stack, {d.index: d for d in drafts})
-        keep = {d.slug for d in drafts} | {
-            rfc_slug(doc) for doc in rfc_documents(stack)
-        }
-        for folder in sorted((project.root / "upstream").iterdir()):
-            if folder.is_dir() and folder.name not in keep:
-                notes.append(remove_stale_draft(project.root, folder))
-        write_index(stack, drafts, notes)
+        notes = []
+        if recording:
+            notes = write_rfcs(stack, {d.index: d for d in made})
+            keep = {d.slug for d in made} | {
+                rfc_slug(doc) for doc in rfc_documents(stack)
+            }
+            for folder in sorted((project.root / "upstream").iterdir()):
+                if folder.is_dir() and folder.name not in keep:
+                    notes.append(remove_stale_draft(project.root, folder))
+        where = write_index(stack, made, notes, recording)
         for n in notes:
             print(f"vstack upstream: {n}")
-    failed = [d for d in drafts if d.failed]
+        print(f"vstack upstream: wrote {where}")
+    failed = [d for d in made if d.failed]
+    if stack.recut is not None:
+        applied = len(made)
+        passed = sum(1 for d in made if not d.failed)
+        print(f"vstack upstream: re-cut on vLLM {stack.base.version} (commit "
+              f"{stack.recut}): {applied} of {len(rows)} PR(s) apply, {passed} pass "
+              f"their checks and tests there; copies in .vstack/outgoing/<patch>/"
+              f"on-{stack.recut}/")  # fmt: skip
+        for row in rows:
+            print(row)
+        return 1 if failed or applied < len(rows) else 0
     if failed:
         print(f"vstack upstream: checks failed in {', '.join(d.slug for d in failed)}")
     return 1 if failed else 0
@@ -1414,11 +1745,21 @@ def cmd_revision(
     if rev is None:
         have = ", ".join(str(r["revision"]) for r in meta["revisions"]) or "none"
         raise VstackError(f"upstream/{slug} has no revision {n} (revisions: {have})")
-    _, _, mbox = rebuild(project, slug, rev, signer)
+    replaced: list = []
+    start, tip, mbox = rebuild(project, slug, rev, signer, replaced)
     out = project.cache / OUTGOING / slug
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"v{n}.mbox"
+    if signer is not None:
+        own = gitutil.out(project.repo, "rev-list", f"{start}..{tip}").split()
+        dco = dco_check(project.repo, own, "")
+        if dco.status != "PASS":
+            raise VstackError(f"revision {n} of {slug}, signed off by {signer}: "
+                              f"the DCO check fails: {dco.message}")  # fmt: skip
+    path = out / (f"v{n}.mbox" if signer else f"v{n}.unsigned.mbox")
     fsutil.write_bytes(path, mbox)
-    how = f"signed off by {signer}" if signer else "as recorded"
+    olds = dict.fromkeys(f"{old} ({why})" for old, why, _ in replaced)
+    if olds:
+        print(f"  author: {signer} replaces {'; '.join(olds)}")
+    how = f"signed off by {signer}" if signer else "as recorded, unsigned"
     print(f"vstack upstream: revision {n} of {slug} regenerated: {path} ({how})")
     return 0
