@@ -129,7 +129,7 @@ def unresolved_line(pin: Pin, why: str) -> str:
     return (
         f"vstack: cannot resolve the full commit of vLLM {pin.version} ({pin.commit}): "
         f"{why}; on a machine that reaches the upstream repository run "
-        f"`scripts/vstack pin --submodule` (README: the vllm/ submodule)"
+        f"`scripts/vstack pin --submodule` (docs/workflow.md: the vllm/ submodule)"
     )
 
 
