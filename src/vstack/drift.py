@@ -518,8 +518,7 @@ def trial(
     scratch worktree, as the rebase applies it: status clean, offset, 3way,
     dropped-upstream (the base has it) or conflict (left out: the next patch is
     tried without it)."""
-    from vstack.apply import apply_one
-    from vstack.rebase import base_top_dirs, reverse_applies
+    from vstack.rebase import base_top_dirs, forward
     from vstack.series import load_patch
 
     got: dict[str, str] = {}
@@ -529,15 +528,14 @@ def trial(
             if p.name in skip:
                 continue
             _, info = load_patch(p)
-            if reverse_applies(wt, p, info.files, top):
-                got[p.name] = "dropped-upstream"
-                continue
-            r = apply_one(wt, p)
+            before = gitutil.out(wt, "rev-parse", "HEAD")
+            # The rebase's own probe: dropped only when git shows the base has it.
+            r = forward(wt, p, info, before, top)
             if r.status == "conflict":
                 gitutil.git(wt, "am", "--abort", check=False)
-                gitutil.git(wt, "reset", "-q", "--hard", "HEAD")
+                gitutil.git(wt, "reset", "-q", "--hard", before)
                 gitutil.git(wt, "clean", "-q", "-fd")
-            got[p.name] = "dropped-upstream" if r.status == "empty" else r.status
+            got[p.name] = r.status
     return got
 
 
