@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -118,6 +119,24 @@ def test_every_draft_signs_placeholders_become_the_signer_people_stay(stack, cap
     assert not (stack.root / "upstream").exists()
     capsys.readouterr()
     assert stack.run("lint") == 0, capsys.readouterr().out
+
+
+def test_the_printed_gh_command_passes_the_title_byte_for_byte(stack, capsys):
+    """Review: the title went through json.dumps into a double-quoted shell
+    word: backticks ran as commands, `$X` expanded, non-ASCII became \\uXXXX."""
+    _need_ruff()
+    title = "[EPLB] Cap `num_redundant_experts` at $MAX \u2264 2\u00d7 (it's $(id))"
+    assert stack.run("apply") == 0
+    _commit(stack, {"vllm/a.py": SPDX + "A = 1\n"},
+            f"{title}\n\nA module for the test.\n\nUpstream-Status: pending", SEED)  # fmt: skip
+    assert stack.run("export") == 0
+    capsys.readouterr()
+    assert stack.run("upstream", "--all", "--no-tests", "--signoff", ADA) == 0
+    out = capsys.readouterr().out
+    gh = [ln for ln in out.splitlines() if "gh pr create" in ln]
+    assert len(gh) == 1, out
+    words = shlex.split(gh[0])
+    assert words[words.index("--title") + 1] == title
 
 
 def test_signer_named_as_git_records_it_passes_the_dco_check(stack, capsys):
@@ -455,6 +474,9 @@ def test_base_nightly_recuts_every_draft_and_says_where_it_applies_and_passes(
     assert "+line five" in mbox and "Subject: [EPLB] Change line 5" in mbox
     assert "1 passed on stock vLLM " + NEW_VERSION in (recut / "checks.txt").read_text()
     assert (stack.root / ".vstack/outgoing" / f"index-on-{NEW[:9]}.md").is_file()
+    # the hint to sign names the re-cut's base, not the pinned one
+    assert (f"unsigned: not sendable yet: scripts/vstack upstream eplb-change-line-5 "
+            f"--base {NEW[:9]} --signoff") in out  # fmt: skip
     # the index cannot be reached: the newest nightly this machine has is used
     capsys.readouterr()
     rc = stack.run("upstream", "eplb-change-line-5", "--base", "nightly",

@@ -232,7 +232,10 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "export", help="write the work branch back into patches/ and patches/series",
         description="Deterministic git format-patch (zeroed commit ids, full index, no "
-        "signature, no stat, subject kept). Without a work branch, exports the series "
+        "signature, no stat, subject kept, renames as a delete and an add whatever "
+        "the user's diff.renames: a rename patch imported from elsewhere is "
+        "rewritten so once, with the same content). Without a work branch, exports "
+        "the series "
         "applied afresh (a round trip). Refuses while a rebase, a git am or an apply "
         "is unfinished, when the work branch is not built on the pinned base, when a "
         "commit cannot become a patch that applies and builds as committed (empty, "

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -1395,10 +1396,11 @@ def write_outgoing(stack: Stack, d: Draft, signed: list[str] | None,
         return folder, mbox
     recorded = stack.project.root / "upstream" / d.slug
     files = {"title.txt": d.title + "\n", "body.md": render_body(stack, d)}
-    if d.recorded and not stack.recut:
-        for name in files:
-            if (recorded / name).is_file():
-                files[name] = (recorded / name).read_text(errors="replace")
+    # A re-cut keeps the recorded title (the user's edits); its body is made
+    # for the new base, as the recorded one states evidence for the pinned base.
+    for name in ["title.txt"] if stack.recut else list(files):
+        if d.recorded and (recorded / name).is_file():
+            files[name] = (recorded / name).read_text(errors="replace")
     files["checks.txt"] = render_checks(stack, d)
     for name, text in files.items():
         fsutil.write_text(folder / name, text)
@@ -1474,8 +1476,10 @@ def _report(stack: Stack, d: Draft, written: list[str], range_text: str | None,
     for n in notes:
         print(f"  note: {n}")
     if signer is None:
-        print(f"  unsigned: not sendable yet: scripts/vstack upstream {d.slug} --signoff "
-              f'"Full Name <you@domain>" (or VSTACK_SIGNOFF) makes the copy to send')  # fmt: skip
+        base = f" --base {stack.recut}" if stack.recut else ""
+        print(f"  unsigned: not sendable yet: scripts/vstack upstream {d.slug}{base} "
+              f'--signoff "Full Name <you@domain>" (or VSTACK_SIGNOFF) makes the copy '
+              "to send")  # fmt: skip
         return
     if sendable is None:
         print(
@@ -1499,7 +1503,7 @@ def _report(stack: Stack, d: Draft, written: list[str], range_text: str | None,
         else d.title
     )
     print(f"    gh pr create --repo vllm-project/vllm --base main --head <you>:{d.slug} "
-          f"--title {json.dumps(title)} --body-file {folder / 'body.md'}")  # fmt: skip
+          f"--title {shlex.quote(title)} --body-file {shlex.quote(str(folder / 'body.md'))}")  # fmt: skip
 
 
 def upstream_one(stack: Stack, i: int, python: Path | None, run_tests: bool,
