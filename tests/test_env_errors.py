@@ -50,6 +50,11 @@ class _Hangup:
             conn.close()
 
     def close(self):
+        # close() alone does not wake the thread blocked in accept(): it would
+        # go on accepting on the fd number, which the next test's server gets.
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
         self.sock.close()
 
 
