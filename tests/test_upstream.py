@@ -545,7 +545,7 @@ def test_signoff_makes_a_sendable_copy_and_keeps_upstream_unsigned(stack, capsys
     # the copy to send takes upstream/'s title and body (this is its revision)
     assert (sendable.parent / "title.txt").read_bytes() == before["title.txt"]
     assert (sendable.parent / "body.md").read_bytes() == before["body.md"]
-    assert '--title "[Bugfix][EPLB] My better title"' in out
+    assert "--title '[Bugfix][EPLB] My better title'" in out
     # --no-tests alone writes only under .vstack/outgoing/ too
     assert stack.run("upstream", slug, "--no-tests") == 0
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
