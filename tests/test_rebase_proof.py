@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from series_lab import (
     commit,
@@ -125,9 +126,8 @@ def _one_patch_on_c(stack):
     hand_series(stack, commits)
 
 
-def test_a_superseded_record_is_not_replayed_where_the_patch_applies(stack, tmp_path):
-    """Defect 6: a "superseded" record made for 1.1.0 was replayed on 1.2.0, where
-    the patch applies: the patch was dropped unproven."""
+def _superseded_on_1_1_0(stack) -> Path:
+    """One patch on c with a "superseded" record made for 1.1.0, committed."""
     _one_patch_on_c(stack)
     patch = stack.root / "patches/eplb-change-c.patch"
     rec = stack.root / "resolutions/1.1.0/eplb-change-c.patch"
@@ -139,6 +139,13 @@ def test_a_superseded_record_is_not_replayed_where_the_patch_applies(stack, tmp_
         )
     )  # fmt: skip
     commit_project(stack)
+    return patch
+
+
+def test_a_superseded_record_is_not_replayed_where_the_patch_applies(stack, tmp_path):
+    """Defect 6: a "superseded" record made for 1.1.0 was replayed on 1.2.0, where
+    the patch applies: the patch was dropped unproven."""
+    patch = _superseded_on_1_1_0(stack)
     # 1.2.0 is a later base where the patch applies again
     new = new_wheel(
         tmp_path, {"vllm/c.py": lines(), "vllm/d.py": lines(changes={3: "x"})}, "1.2.0"
@@ -157,17 +164,7 @@ def test_a_superseded_record_is_not_replayed_where_the_patch_applies(stack, tmp_
 
 def test_a_superseded_record_is_replayed_where_the_patch_conflicts(stack, tmp_path):
     """The same record where the proof holds (the patch does not apply): replayed."""
-    _one_patch_on_c(stack)
-    patch = stack.root / "patches/eplb-change-c.patch"
-    rec = stack.root / "resolutions/1.1.0/eplb-change-c.patch"
-    rec.parent.mkdir(parents=True)
-    rec.write_text(
-        superseded_record(
-            "[EPLB] Change c", "1.1.0", "1.1.0 rewrote c",
-            records.patch_sha256(patch.read_bytes()),
-        )
-    )  # fmt: skip
-    commit_project(stack)
+    _superseded_on_1_1_0(stack)
     new = new_wheel(
         tmp_path,
         {"vllm/c.py": lines(changes={20: "line 20 upstream"}), "vllm/d.py": lines()},

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vstack_testlib import ROOT, git, write_stack_toml
+from vstack_testlib import ROOT, git, need_ruff, write_stack_toml
 
 from vstack.upstream import (
     dependencies,
@@ -49,20 +49,9 @@ def _mbox(stack, slug: str, n: int = 1, signed: bool = False) -> Path:
     return stack.root / ".vstack" / "outgoing" / slug / name
 
 
-def _need_ruff():
-    import os
-
-    if not (
-        os.environ.get("VSTACK_RUFF")
-        or shutil.which("ruff")
-        or (Path(sys.executable).parent / "ruff").exists()
-    ):
-        pytest.skip("ruff is not installed here (scripts/test's environment has it)")
-
-
 @pytest.fixture
 def upstream_stack(stack, tmp_path):
-    _need_ruff()
+    need_ruff()
     up = stack.root / "vllm"
     (up / "vllm" / "config").mkdir(parents=True)
     (up / "pyproject.toml").write_text(_ruff_pyproject())
@@ -192,7 +181,7 @@ def test_revision_two_replaces_one_and_shows_range_diff(stack, upstream_stack, c
 
 
 def test_no_checkout_writes_mbox_and_says_unsigned(stack, capsys):
-    _need_ruff()
+    need_ruff()
     assert stack.run("apply") == 0
     stack.commit_on_work(
         "vllm/helper.py",
@@ -282,7 +271,7 @@ def test_results_table_pivots_variants(tmp_path):
 
 
 def test_dependencies_are_pruned_to_what_the_chain_needs(stack, capsys):
-    _need_ruff()
+    need_ruff()
     base = "".join(f"line {i}\n" for i in range(1, 41))
 
     def edit(text, n, new):
@@ -406,7 +395,7 @@ def _feature_stack(stack, fix=SPDX + "VALUE = 42\n", depends=True):
 
 
 def test_depends_on_builds_on_the_named_pr_and_runs_its_tests(stack, capsys):
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     capsys.readouterr()
     rc = stack.run("upstream", slug, "--python", sys.executable)
@@ -451,7 +440,7 @@ def test_depends_on_builds_on_the_named_pr_and_runs_its_tests(stack, capsys):
 
 
 def test_bugfix_whose_tests_pass_without_the_fix_fails(stack, capsys):
-    _need_ruff()
+    need_ruff()
     # the "fix" changes nothing the test sees: VALUE is already 42 without it
     assert stack.run("apply") == 0
     _bot_commit(stack, "vllm/feature.py", SPDX + "VALUE = 42\n",
@@ -498,7 +487,7 @@ def test_depends_on_must_name_an_earlier_patch(stack, capsys):
 def test_a_patch_that_needs_another_does_not_stand_alone(stack, capsys):
     """Without Depends-On, a patch that applies only on an earlier one gets it as
     an inferred dependency (named, not carried), and says how to declare it."""
-    _need_ruff()
+    need_ruff()
     _feature_stack(stack, depends=False)
     capsys.readouterr()
     assert stack.run("upstream", "bugfix-eplb-fix-feature-value", "--no-tests") == 0
@@ -513,7 +502,7 @@ def test_a_patch_that_needs_another_does_not_stand_alone(stack, capsys):
 def test_signoff_makes_a_sendable_copy_and_keeps_upstream_unsigned(stack, capsys):
     """Defect 4 of issue 28: --signoff (and --no-tests) rewrote upstream/<patch>/'s
     title, body and checks: hand edits and the recorded test evidence were lost."""
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     # the recording run: tests run, unsigned, upstream/<patch>/ written
     assert stack.run("upstream", slug, "--python", sys.executable) == 0
@@ -657,7 +646,7 @@ def test_signoff_never_replaces_an_author_it_refuses(stack, capsys):
     """--signoff replaced any refused author (a real one, under the old rules)
     with the submitter and dropped their sign-off: only the stack's shared author
     is replaced; any other is an error."""
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     patch = stack.root / "patches" / f"{slug}.patch"
     real = "Kenji Todo <kenji.todo@gmail.com>"
@@ -678,7 +667,7 @@ def test_signoff_never_replaces_an_author_it_refuses(stack, capsys):
 
 
 def test_bare_signoff_reads_only_name_and_email_from_git_config(stack, capsys, tmp_path, monkeypatch):  # fmt: skip
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     cfg = tmp_path / "gitconfig"
     cfg.write_text("[user]\n\tname = Placeholder\n\temail = p@example.com\n")
@@ -711,7 +700,7 @@ def test_lint_rejects_bot_signoff_and_needs_none(stack):
 
 
 def test_earlier_revision_is_regenerated_from_git(stack, capsys):
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     git(stack.root, "init", "-q")
     (stack.root / ".gitignore").write_text("/.vstack/\n")
@@ -747,7 +736,7 @@ def test_earlier_revision_is_regenerated_from_git(stack, capsys):
 
 
 def test_all_writes_every_draft_rfc_and_index(stack, capsys):
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     toml = stack.root / "stack.toml"
     toml.write_text(toml.read_text() + '\n[upstream]\nrfcs = ["docs/other.md"]\n')
@@ -794,7 +783,7 @@ def test_all_writes_every_draft_rfc_and_index(stack, capsys):
 def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
     """upstream --all rmtree'd every folder under upstream/ that no patch makes,
     uncommitted notes included, saying "its revisions stay in git history"."""
-    _need_ruff()
+    need_ruff()
     slug = _feature_stack(stack)
     git(stack.root, "init", "-q")
     (stack.root / ".gitignore").write_text("/.vstack/\n")
@@ -833,7 +822,7 @@ def test_all_removes_only_committed_drafts_it_wrote(stack, capsys):
     ],
 )
 def test_a_torn_or_conflicted_meta_json_is_one_line(stack, capsys, data, says):
-    _need_ruff()
+    need_ruff()
     _feature_stack(stack)
     slug = "eplb-add-feature"  # no tests of its own: a quick recording run
     assert stack.run("upstream", slug) == 0

@@ -7,7 +7,6 @@ force-updated, lint refusing placeholder authors in a signed mbox, and
 
 from __future__ import annotations
 
-import os
 import random
 import shlex
 import shutil
@@ -20,6 +19,7 @@ from vstack_testlib import (
     ROOT,
     git,
     make_wheel,
+    need_ruff,
     per_commit_repo,
     serve,
     write_stack_toml,
@@ -31,15 +31,6 @@ BOT = "vLLM EPLB Stack <eplb-stack@users.noreply.github.com>"
 SEED = "Seed 7 maintainers <maintainers@users.noreply.a-seed-7.example>"
 KENJI = "Kenji Todo <kenji.todo@gmail.com>"
 ADA = "Ada Lovelace <ada@lovelace.dev>"
-
-
-def _need_ruff():
-    if not (
-        os.environ.get("VSTACK_RUFF")
-        or shutil.which("ruff")
-        or (Path(sys.executable).parent / "ruff").exists()
-    ):
-        pytest.skip("ruff is not installed here (scripts/test's environment has it)")
 
 
 def _commit(stack, files: dict[str, str], message: str, author: str) -> None:
@@ -94,7 +85,7 @@ def _headers(mbox: Path) -> tuple[str, list[str]]:
 def test_every_draft_signs_placeholders_become_the_signer_people_stay(stack, capsys):
     """Issue 29: --signoff succeeded for 2 of 9 drafts: a placeholder author (and
     every draft depending on one) could not be signed."""
-    _need_ruff()
+    need_ruff()
     a, b, c = _chain_stack(stack)
     capsys.readouterr()
     assert stack.run("upstream", "--all", "--no-tests", "--signoff", ADA) == 0
@@ -124,7 +115,7 @@ def test_every_draft_signs_placeholders_become_the_signer_people_stay(stack, cap
 def test_the_printed_gh_command_passes_the_title_byte_for_byte(stack, capsys):
     """Review: the title went through json.dumps into a double-quoted shell
     word: backticks ran as commands, `$X` expanded, non-ASCII became \\uXXXX."""
-    _need_ruff()
+    need_ruff()
     title = "[EPLB] Cap `num_redundant_experts` at $MAX \u2264 2\u00d7 (it's $(id))"
     assert stack.run("apply") == 0
     _commit(stack, {"vllm/a.py": SPDX + "A = 1\n"},
@@ -143,7 +134,7 @@ def test_signer_named_as_git_records_it_passes_the_dco_check(stack, capsys):
     """Issue 28 defect 10: git strips the trailing "." of "John Smith Jr." from
     the author it records, not from the Signed-off-by vstack wrote: vstack's own
     DCO check failed."""
-    _need_ruff()
+    need_ruff()
     a, _, _ = _chain_stack(stack)
     capsys.readouterr()
     typed = "John Smith Jr. <john.smith@corp.io>"
@@ -262,7 +253,7 @@ def test_upstream_holds_no_mbox_and_keeps_hand_edits(stack, capsys):
     """A recording run writes upstream/<patch>/ without an mbox (a committed one
     from an older vstack is removed: git and the recorded patch files give it
     back) and keeps a file the user edited there."""
-    _need_ruff()
+    need_ruff()
     a, _, _ = _chain_stack(stack)
     git(stack.root, "init", "-q")
     (stack.root / ".gitignore").write_text("/.vstack/\n")
@@ -331,7 +322,7 @@ def checkout_stack(stack):
 def test_a_branch_the_user_committed_on_is_never_moved(stack, checkout_stack, capsys):
     """Issue 28 defect 3: every run force-updated vstack/<patch>-v<N> in the
     checkout: a review fix committed there was discarded without a word."""
-    _need_ruff()
+    need_ruff()
     up = checkout_stack
     a, _, _ = _chain_stack(stack)
     branch = f"vstack/{a}-v1"
@@ -424,7 +415,7 @@ def test_base_nightly_recuts_every_draft_and_says_where_it_applies_and_passes(
     """Issue 29: the drafts targeted the pinned commit only; retargeting needed
     a vLLM checkout. --base nightly re-cuts each on the newest per-commit wheel
     and reports per PR: applies? tests pass?"""
-    _need_ruff()
+    need_ruff()
     lines = "vllm/lines.txt"
     pinned = make_wheel(stack.wheel, files={lines: _state({}).encode()})
     write_stack_toml(stack.root, pinned)

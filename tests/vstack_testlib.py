@@ -251,3 +251,20 @@ def serve(folder: Path):
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def need_ruff() -> None:
+    """Skip a test that lints a draft where ruff is not installed (scripts/test's
+    environment has it)."""
+    import os
+    import shutil
+    import sys
+
+    import pytest
+
+    if not (
+        os.environ.get("VSTACK_RUFF")
+        or shutil.which("ruff")
+        or (Path(sys.executable).parent / "ruff").exists()
+    ):
+        pytest.skip("ruff is not installed here (scripts/test's environment has it)")

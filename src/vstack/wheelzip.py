@@ -177,15 +177,20 @@ def _copy_range(src, dst, offset: int, length: int) -> None:
         remaining -= len(chunk)
 
 
-def read_member(f, m: Member) -> bytes:
-    """Decompressed bytes of one member, read from its local record."""
+def _seek_data(f, m: Member) -> tuple[int, int]:
+    """Seek to a member's data after its local header; (method, compressed size)."""
     f.seek(m.offset)
     head = f.read(_LFH.size)
-    sig, _, flags, method, _, _, _, _, _, name_len, extra_len = _LFH.unpack(head)
+    sig, _, _, method, _, _, _, _, _, name_len, extra_len = _LFH.unpack(head)
     if sig != LF_SIG:
         raise VstackError(f"corrupt local header for {m.name}")
-    csize = _CDH.unpack_from(m.central)[8]
     f.seek(m.offset + _LFH.size + name_len + extra_len)
+    return method, _CDH.unpack_from(m.central)[8]
+
+
+def read_member(f, m: Member) -> bytes:
+    """Decompressed bytes of one member, read from its local record."""
+    method, csize = _seek_data(f, m)
     data = f.read(csize)
     if method == 0:
         return data
@@ -209,13 +214,7 @@ def _member_digest(f, m: Member) -> tuple[bytes, int]:
     """(sha256 digest, size) of a member's decompressed bytes, read in chunks."""
     import hashlib
 
-    f.seek(m.offset)
-    head = f.read(_LFH.size)
-    sig, _, _, method, _, _, _, _, _, name_len, extra_len = _LFH.unpack(head)
-    if sig != LF_SIG:
-        raise VstackError(f"corrupt local header for {m.name}")
-    left = _CDH.unpack_from(m.central)[8]
-    f.seek(m.offset + _LFH.size + name_len + extra_len)
+    method, left = _seek_data(f, m)
     if method not in (0, 8):
         raise VstackError(f"{m.name}: unsupported compression method {method}")
     inflate = zlib.decompressobj(-15) if method == 8 else None
