@@ -453,11 +453,21 @@ def test_build_prints_the_docker_build_command(stack, capsys, monkeypatch, tmp_p
     monkeypatch.chdir(stack.root)
     capsys.readouterr()
     assert stack.run("build") == 0
-    out = capsys.readouterr().out.splitlines()
+    got = capsys.readouterr()
+    out = got.out.splitlines()
     info = json.loads((stack.root / "dist/build.json").read_text())
     tag = info["version"].replace("+", "-")
     assert out[-1] == f"vstack: next: docker build -t vllm-eplb:{tag} dist/image/"
     assert out[-2].startswith("vstack: wrote dist/image/ (the docker build context: ")
+    # the layer changes one file more than the wheel line counts: it says which
+    series = len(info["changed"]) + len(info["added"])
+    assert info["image"]["layer_files"] == series + 1
+    what = f"the {series} the series changes or adds, and " if series else "only "
+    assert (f"its layer changes {series + 1} file(s) of vLLM: {what}vllm/_version.py, "
+            "which carries the version) and build.json") in out[-2], out[-2]  # fmt: skip
+    assert "vllm/_version.py and the dist-info rewritten for the version" in (
+        got.out + got.err
+    )
     dockerfile = (stack.root / "dist/image/Dockerfile").read_text()
     assert f"#   docker build -t vllm-eplb:{tag} dist/image/\n" in dockerfile
     elsewhere = tmp_path / "elsewhere"

@@ -102,3 +102,65 @@ def test_the_docs_show_only_verbs_and_options_the_tool_accepts():
 def test_the_scripts_the_readme_relies_on_exist(script):
     path = ROOT / "scripts" / script
     assert path.is_file() and path.stat().st_mode & 0o111, path
+
+
+def test_the_readme_quotes_the_build_s_tag_as_the_tool_prints_it():
+    """The README quotes the tag `scripts/build` prints (<version>-eplb.g<hash>,
+    the pinned version) next to the short tag of the quick start."""
+    import tomllib
+
+    text = README.read_text()
+    version = tomllib.loads((ROOT / "stack.toml").read_text())["base"]["version"]
+    quoted = re.search(
+        r"`vstack: next: docker build -t vllm-eplb:(\S+) dist/image/`", text
+    )
+    assert quoted is not None
+    assert quoted.group(1) == f"{version}-eplb.g<hash>", quoted.group(1)
+    cli = (ROOT / "src" / "vstack" / "cli.py").read_text()
+    assert 'tag = info["version"].replace("+", "-")' in cli
+    assert "next: docker build -t vllm-eplb:{tag} " in cli
+
+
+def test_the_readme_s_signing_example_signs_and_its_placeholders_are_refused():
+    """The README's sign-off example is an identity --signoff takes; every
+    placeholder it says is refused is refused; its next step is the `git am -k`
+    the tool prints."""
+    from vstack.errors import VstackError
+    from vstack.identity import checked, parse, refusal
+
+    text = README.read_text()
+    section = text[text.index("## Sending a patch upstream") :]
+    example = re.search(r'--signoff "([^"]+)"', section).group(1)
+    assert checked(example, "--signoff").email == parse(example).email
+    for refused in ("Jane Doe <jane@example.com>", "Your Name <jane@acme.ai>",
+                    "Jane Doe <you@domain>", "Jane Doe <root@acme.ai>",
+                    "Jane Doe <noreply@acme.ai>",
+                    "ubuntu <ubuntu@ip-10-0-0-1.ec2.internal>", "Jane Doe <jd@mbp.local>"):  # fmt: skip
+        with pytest.raises(VstackError):
+            checked(refused, "--signoff")
+        assert refusal(parse(refused)), refused
+    for shown in ("example.com", "Your Name", "you@domain", "root@", "noreply",
+                  "ubuntu@ip-10-0-0-1.ec2.internal", "*.local", "git am -k <mbox>"):  # fmt: skip
+        assert shown in section, shown
+    src = (ROOT / "src" / "vstack" / "upstream.py").read_text()
+    assert "am -k {sendable}" in src
+
+
+def test_the_docs_say_whether_the_vllm_gitlink_is_committed():
+    """README and docs/workflow.md claimed a committed vllm/ gitlink that the tree
+    did not hold; they must say what `git ls-files` and `vstack pin` show."""
+    staged = subprocess.run(["git", "ls-files", "-s", "--", "vllm"], cwd=ROOT,
+                            capture_output=True, text=True).stdout  # fmt: skip
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    readme, workflow = README.read_text(), (ROOT / "docs" / "workflow.md").read_text()
+    pin = (ROOT / "src" / "vstack" / "pin.py").read_text()
+    if staged.startswith("160000"):
+        assert "no gitlink is committed" not in readme + workflow
+    else:
+        assert "no gitlink is committed yet" in readme
+        assert "**no gitlink is committed yet**" in workflow
+        assert "`git submodule update --init` does nothing" in readme + workflow
+        assert '"none (`vstack pin --submodule` writes it)"' in pin
+        assert "`gitlink  none`" in workflow
+    assert "(README: the vllm/ submodule)" not in workflow

@@ -232,12 +232,24 @@ def test_lint_refuses_placeholder_authors_in_a_signed_mbox(stack, tmp_path, caps
         f"{seed}:1: '[EPLB] X': From: {SEED}: " in out and "no-reply or shared" in out
     )
     assert f"{unsigned}:1: '[EPLB] X': no Signed-off-by: not sendable" in out
-    # plain `vstack lint` checks every signed mbox under .vstack/outgoing/
+    # plain `vstack lint` checks every signed mbox under .vstack/outgoing/, and
+    # says how many it checked
+    capsys.readouterr()
     assert stack.run("lint") == 0
+    assert (
+        "OK (no signed mbox under .vstack/outgoing/ to check)"
+        in capsys.readouterr().out
+    )
     dest = stack.root / ".vstack" / "outgoing" / "eplb-x"
     dest.mkdir(parents=True)
     shutil.copy(unsigned, dest / "v1.unsigned.mbox")  # not meant to be sent
     assert stack.run("lint") == 0
+    shutil.copy(person, dest / "v1.mbox")
+    capsys.readouterr()
+    assert stack.run("lint") == 0
+    assert (
+        " and 1 signed mbox(es) under .vstack/outgoing/ OK\n" in capsys.readouterr().out
+    )
     shutil.copy(seed, dest / "v1.mbox")
     capsys.readouterr()
     assert stack.run("lint") == 1

@@ -451,7 +451,8 @@ def build(project: Project, out_dir: Path | None = None, log=None) -> dict:
     fsutil.own_folder(out_dir, "vstack build", default)
     out = out_dir / plan.wheel_name
     log(
-        f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new files) ..."
+        f"vstack: writing {out} ({len(plan.replaced)} changed, {len(plan.added)} new "
+        f"files, vllm/_version.py and the dist-info rewritten for the version) ..."
     )
     stock = read_stock(wheel, members, plan)
     write_wheel(wheel, members, plan, out, stock)

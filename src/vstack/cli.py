@@ -70,6 +70,19 @@ def run_export(args):
     return cmd_export(_project(args), check=args.check, force=args.force)
 
 
+def layer_note(info: dict) -> str:
+    """Why the layer changes more files than the wheel line counts: the version
+    file, which the series does not change and the build rewrites."""
+    series = len(info["changed"]) + len(info["added"])
+    extra = info["image"]["layer_files"] - series
+    if extra <= 0:
+        return ""
+    if extra == 1:
+        what = f"the {series} the series changes or adds, and " if series else "only "
+        return f": {what}vllm/_version.py, which carries the version"
+    return f": the {series} the series changes or adds, and {extra} more"
+
+
 def run_build(args):
     from vstack.build import build
 
@@ -91,7 +104,7 @@ def run_build(args):
     print(
         f"vstack: wrote {where} (the docker build context: {img['files']} files, "
         f"{img['bytes'] / 1024:,.0f} KB; its layer changes {img['layer_files']} "
-        f"file(s) of vLLM) and build.json"
+        f"file(s) of vLLM{layer_note(info)}) and build.json"
     )
     tag = info["version"].replace("+", "-")
     print(f"vstack: next: docker build -t vllm-eplb:{tag} {shlex.quote(where)}")
@@ -139,6 +152,17 @@ def run_check(args):
 def run_upstream(args):
     from vstack.upstream import cmd_upstream
 
+    if args.check:
+        from vstack.upstreamcheck import cmd_check as cmd_upstream_check
+
+        given = [f for f, v in (("a patch", args.patch), ("--all", args.all),
+                                ("--signoff", args.signoff is not None),
+                                ("--revision", args.revision is not None),
+                                ("--no-tests", args.no_tests), ("--base", args.base),
+                                ("--git", args.git)) if v]  # fmt: skip
+        if given:
+            raise VstackError(f"--check reads upstream/ only: drop {', '.join(given)}")
+        return cmd_upstream_check(_project(args))
     return cmd_upstream(
         _project(args), args.patch, args.git, args.base, all_patches=args.all,
         signoff=args.signoff, revision=args.revision, run_tests=not args.no_tests,
@@ -425,6 +449,11 @@ def parser() -> argparse.ArgumentParser:
                    help="regenerate revision N of the patch's draft (.vstack/outgoing/)")  # fmt: skip
     s.add_argument("--no-tests", action="store_true",
                    help="do not run the PR's tests (writes only under .vstack/outgoing/)")  # fmt: skip
+    s.add_argument("--check", action="store_true",
+                   help="run nothing, write nothing: exit 1, one line per stale record, "
+                   "when a draft's meta.json (the patch files and pin its revision was "
+                   "made from), an RFC draft or upstream/index.md does not match "
+                   "patches/ and stack.toml, or a draft's patch left the series (CI runs it)")  # fmt: skip
     s.add_argument(
         "--python", help="the test environment's interpreter (scripts/test's)"
     )
@@ -489,6 +518,8 @@ LOCKED_VERBS = (
 def _locked(args) -> bool:
     if args.verb == "gpu-check" and args.list:
         return False  # names the checks; needs no project
+    if args.verb == "upstream" and args.check:
+        return False  # reads upstream/ and patches/ only
     return args.verb in LOCKED_VERBS or (args.verb == "pin" and args.submodule)
 
 

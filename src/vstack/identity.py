@@ -26,6 +26,12 @@ _GITHUB_USER_NOREPLY = re.compile(r"^\d+\+[A-Za-z0-9-]+@users\.noreply\.github\.
 _PLACEHOLDER_DOMAINS = ("example.com", "example.org", "example.net", "localhost",
                         "localdomain", "domain", "yourdomain.com")  # fmt: skip
 _PLACEHOLDER_TLDS = (".example", ".invalid", ".localhost", ".localdomain", ".test")
+# What git makes up from the user and host name when user.email is unset
+# (ubuntu@ip-10-0-0-1.ec2.internal, me@laptop.local, root@box.(none)): a machine's
+# name, where no mail is delivered, not a person's address. A name without a dot
+# is left alone: git never guesses one (it appends ".(none)").
+_HOST_TLDS = (".internal", ".local", ".lan", ".home", ".arpa", ".localnet")
+_IP = re.compile(r"^(\[.*\]|\d{1,3}(\.\d{1,3}){3})$")
 _NOBODY = ("noreply", "no-reply", "donotreply", "do-not-reply", "nobody")
 # compared with every non-alphanumeric removed: "vLLM-EPLB-Stack", "vllm_eplb_stack"
 _BOT_NAMES = (
@@ -107,6 +113,12 @@ def _refusal(ident: Identity) -> tuple[str, str] | None:
         )
     if domain in _PLACEHOLDER_DOMAINS or domain.endswith(_PLACEHOLDER_TLDS):
         return "placeholder", f"<{ident.email}> is a placeholder address ({domain})"
+    if domain.endswith(_HOST_TLDS) or _IP.match(domain) or "(none)" in domain:
+        return (
+            "placeholder",
+            f"<{ident.email}> is a machine's address ({domain} is a host name, "
+            f"not a mail domain: what git guesses when user.email is unset)",
+        )
     return None
 
 

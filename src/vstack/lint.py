@@ -195,15 +195,19 @@ def mbox_findings(path: Path, where: str) -> list[Finding]:
     return found
 
 
-def outgoing_findings(root: Path, outgoing: Path) -> list[Finding]:
-    """Every signed mbox under .vstack/outgoing/ (*.unsigned.mbox are not meant
+def signed_mboxes(outgoing: Path) -> list[Path]:
+    """The signed mboxes under .vstack/outgoing/ (*.unsigned.mbox are not meant
     to be sent)."""
-    found = []
     if not outgoing.is_dir():
-        return found
-    for path in sorted(outgoing.rglob("*.mbox")):
-        if path.name.endswith(".unsigned.mbox") or not path.is_file():
-            continue
+        return []
+    return [p for p in sorted(outgoing.rglob("*.mbox"))
+            if not p.name.endswith(".unsigned.mbox") and p.is_file()]  # fmt: skip
+
+
+def outgoing_findings(root: Path, outgoing: Path) -> list[Finding]:
+    """Every signed mbox under .vstack/outgoing/ (signed_mboxes)."""
+    found = []
+    for path in signed_mboxes(outgoing):
         where = path.relative_to(root) if path.is_relative_to(root) else path
         found += mbox_findings(path, where.as_posix())
     return found
@@ -442,8 +446,12 @@ def cmd_lint(
         print(f"note: {record_note}")
     print(f"vstack lint: {note}")
     n = len(read_series(project.patches_dir))
+    sent = len(signed_mboxes(project.cache / "outgoing"))
+    what = f"{n} patch(es)" + (f" and {sent} signed mbox(es) under "
+                               f".vstack/outgoing/" if sent else "")  # fmt: skip
     if found:
-        print(f"vstack lint: {len(found)} problem(s) in {n} patch(es)")
+        print(f"vstack lint: {len(found)} problem(s) in {what}")
         return 1
-    print(f"vstack lint: {n} patch(es) OK")
+    print(f"vstack lint: {what} OK" + ("" if sent else " (no signed mbox under "
+                                       ".vstack/outgoing/ to check)"))  # fmt: skip
     return 0

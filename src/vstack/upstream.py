@@ -361,6 +361,27 @@ def measured_on_gpu(data: dict) -> bool:
 # ---------------------------------------------------------------- the series
 
 
+def pick_patch(names: list[str], given: str) -> str:
+    """The entry of `names` (patches/series) that `given` names: the entry itself,
+    with or without .patch, or a part of exactly one entry's name."""
+    for name in (given, given + ".patch"):
+        if name in names:
+            return name
+    hits = [n for n in names if given in n]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        shown = ", ".join(n.removesuffix(".patch") for n in hits[:4])
+        more = f", ... ({len(hits) - 4} more)" if len(hits) > 4 else ""
+        raise VstackError(
+            f"{given} is ambiguous: matches {len(hits)} patches ({shown}{more}): "
+            f"give more of the name"
+        )
+    raise VstackError(
+        f"{given} is not in patches/series ({', '.join(names) or 'empty'})"
+    )
+
+
 @dataclasses.dataclass
 class Stack:
     """The series and the upstream base its drafts target."""
@@ -383,14 +404,7 @@ class Stack:
         return folder / f"on-{self.recut}" if self.recut else folder
 
     def index(self, patch_name: str) -> int:
-        if patch_name in self.names:
-            return self.names.index(patch_name)
-        hits = [n for n in self.names if patch_name in n]
-        if len(hits) != 1:
-            raise VstackError(
-                f"{patch_name} is not in patches/series ({', '.join(self.names) or 'empty'})"
-            )
-        return self.names.index(hits[0])
+        return self.names.index(pick_patch(self.names, patch_name))
 
     def slug(self, i: int) -> str:
         return self.names[i][: -len(".patch")]
@@ -951,7 +965,7 @@ def render_body(stack: Stack, d: Draft) -> str:
     parts += ["## Test Plan", "", "```bash"]
     if d.tests:
         parts += [
-            "# CPU (Triton kernels under the interpreter), as run for this draft:",
+            f"# CPU (Triton kernels under the interpreter), as run for revision {d.revision}:",
             f"{CPU_ENV} pytest -q {' '.join(d.tests)}",
             "# on a GPU (the GPU-only tests run too):",
             f"pytest -q {' '.join(d.tests)}",
@@ -972,7 +986,8 @@ def render_body(stack: Stack, d: Draft) -> str:
     parts += ["## Test Result", ""]
     where = stack.where(d.chain)
     if d.test_run is not None:
-        parts.append(f"- Tests on {where} + this PR, CPU: **{d.test_run.summary}**.")
+        parts.append(f"- Tests of revision {d.revision} on {where} + this PR, CPU: "
+                     f"**{d.test_run.summary}**.")  # fmt: skip
         if d.test_run.skipped:
             reasons: dict[str, int] = {}
             for s in d.test_run.skipped:
@@ -984,10 +999,11 @@ def render_body(stack: Stack, d: Draft) -> str:
                 + "."
             )
     else:
-        parts.append("- Tests: not run for this draft (see checks.txt).")
+        parts.append(f"- Tests: not run for revision {d.revision} (see checks.txt).")
     if d.repro_run is not None:
         failed = ", ".join(f"`{f.split('::')[-1]}`" for f in d.repro_run.failed)
-        parts.append(f"- Without the fix, on {where}: **{d.repro_run.summary}**"
+        parts.append(f"- Without the fix (revision {d.revision}), on {where}: "
+                     f"**{d.repro_run.summary}**"
                      + (f" ({failed})." if failed else "."))  # fmt: skip
     parts.append("")
     for path, data in results:
@@ -1179,17 +1195,22 @@ def record_revision(stack: Stack, d: Draft) -> tuple[int, str | None, dict]:
     meta = load_meta(project, d.slug)
     digest = hashlib.sha256(d.mbox).hexdigest()
     revs = meta["revisions"]
+    paths = [stack.patches[j] for j in d.chain] + [stack.patches[d.index]]
+    sources = {
+        "pin": _pin_record(project.pin), "base": stack.base.commit,
+        "depends_on": [stack.names[j] for j in d.direct],
+        "patches": [{"name": p.name, "blob": _blob(project.root, p)} for p in paths],
+    }  # fmt: skip
     if revs and revs[-1]["digest"] == digest:
+        # The same mbox made from other patch files (a patch it depends on
+        # changed elsewhere): the revision stays, and records what made it now,
+        # which is what `vstack upstream --check` compares with patches/.
         n, rd = revs[-1]["revision"], None
+        revs[-1].update(sources)
     else:
         n = (revs[-1]["revision"] + 1) if revs else 1
         rd = range_diff(project, d.slug, revs[-1], d.start, d.tip) if revs else None
-        paths = [stack.patches[j] for j in d.chain] + [stack.patches[d.index]]
-        revs.append({
-            "revision": n, "digest": digest, "pin": _pin_record(project.pin),
-            "base": stack.base.commit, "depends_on": [stack.names[j] for j in d.direct],
-            "patches": [{"name": p.name, "blob": _blob(project.root, p)} for p in paths],
-        })  # fmt: skip
+        revs.append({"revision": n, "digest": digest, **sources})
     meta["patch"] = stack.names[d.index]
     repo = project.repo
     gitutil.git(repo, "update-ref", _rev_ref(d.slug, n), d.tip)
@@ -1269,10 +1290,18 @@ def render_checks(stack: Stack, d: Draft) -> str:
         "",
     ]
     lines += [f"{c.status:<8} {c}" for c in d.checks]
-    failed = d.failed
-    lines += ["", f"result: {len(failed)} check(s) failed" if failed else
-              "result: all checks passed" + ("" if d.signed else "; unsigned: not sendable yet")]  # fmt: skip
+    lines += ["", f"result: {result_line(d)}"]
     return "\n".join(lines) + "\n"
+
+
+def result_line(d: Draft) -> str:
+    """The verdict of checks.txt: no check that did not run counts as passed."""
+    if d.failed:
+        return f"{len(d.failed)} check(s) failed"
+    skipped = [c.name for c in d.checks if c.status == "SKIP"]
+    text = (f"all checks that ran passed ({len(skipped)} skipped: {', '.join(skipped)})"
+            if skipped else "all checks passed")  # fmt: skip
+    return text + ("" if d.signed else "; unsigned: not sendable yet")
 
 
 # ---------------------------------------------------------------- RFC drafts
@@ -1283,11 +1312,17 @@ def rfc_slug(doc: str) -> str:
 
 
 def rfc_documents(stack: Stack) -> list[str]:
-    """stack.toml [upstream] rfcs, then every document a patch names in `RFC:`."""
-    data = tomllib.loads((stack.project.root / "stack.toml").read_text())
+    return rfc_docs(stack.project.root, stack.infos)
+
+
+def rfc_docs(root: Path, infos: list) -> list[str]:
+    """stack.toml [upstream] rfcs, then every document a patch (its parsed info,
+    in series order) names in `RFC:`."""
+    data = tomllib.loads((root / "stack.toml").read_text())
     docs = list(data.get("upstream", {}).get("rfcs", []))
-    for i in range(len(stack.names)):
-        doc = rfc_of(stack, i)
+    for info in infos:
+        values = info.trailers.get("RFC", [])
+        doc = values[0].strip() if values else None
         if doc and doc not in docs:
             docs.append(doc)
     return docs
@@ -1401,10 +1436,21 @@ def write_outgoing(stack: Stack, d: Draft, signed: list[str] | None,
     for name in ["title.txt"] if stack.recut else list(files):
         if d.recorded and (recorded / name).is_file():
             files[name] = (recorded / name).read_text(errors="replace")
+            if name == "body.md":
+                d.checks.append(Check("body", "", recorded_body_note(d), status="NOTE"))
     files["checks.txt"] = render_checks(stack, d)
     for name, text in files.items():
         fsutil.write_text(folder / name, text)
     return folder, mbox
+
+
+def recorded_body_note(d: Draft) -> str:
+    """What a copy's checks say when its body is the recorded one: whose results
+    the body states."""
+    ran = d.test_run is not None
+    return (f"body.md is upstream/{d.slug}/body.md: its results are revision "
+            f"{d.revision}'s recorded run (upstream/{d.slug}/checks.txt), "
+            + ("this run's are above" if ran else "this run ran no tests"))  # fmt: skip
 
 
 def _authors_line(
@@ -1494,7 +1540,7 @@ def _report(stack: Stack, d: Draft, written: list[str], range_text: str | None,
         print(f"    git -C {stack.checkout} push <your-fork> {branch}:{d.slug}")
     else:
         print(f"    git -C <your vLLM clone> checkout -b {d.slug} {onto} && "
-              f"git -C <your vLLM clone> am {sendable}")  # fmt: skip
+              f"git -C <your vLLM clone> am -k {sendable}")  # fmt: skip
         print(f"    git -C <your vLLM clone> push <your-fork> {d.slug}")
     folder = stack.outgoing(d.slug)
     title = (
@@ -1565,7 +1611,9 @@ def render_index(stack: Stack, drafts_: list[Draft], notes: list[str]) -> str:
             or "stock"
         )
         tests = d.test_run.summary if d.test_run is not None else "not run"
+        skipped = [c.name for c in d.checks if c.status == "SKIP"]
         status = f"{len(d.failed)} failed" if d.failed else "pass"
+        status += f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""
         status += "" if d.signed else ", unsigned"
         notes_d = [c.name for c in d.checks if c.status == "NOTE"]
         status += f" (note: {', '.join(notes_d)})" if notes_d else ""
@@ -1739,11 +1787,10 @@ def cmd_upstream(project: Project, patch_name: str | None, git_path: str | None,
 def cmd_revision(
     project: Project, patch_name: str, n: int, signer: Identity | None
 ) -> int:
-    names = [p.name[: -len(".patch")] for p in series_paths(project.patches_dir)]
+    names = [p.name for p in series_paths(project.patches_dir)]
     slug = patch_name.removesuffix(".patch")
     if not (project.root / "upstream" / slug / "meta.json").is_file():
-        hits = [s for s in names if slug in s]
-        slug = hits[0] if len(hits) == 1 else slug
+        slug = pick_patch(names, patch_name).removesuffix(".patch")
     meta = load_meta(project, slug)
     rev = next((r for r in meta["revisions"] if r["revision"] == n), None)
     if rev is None:
