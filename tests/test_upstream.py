@@ -1010,6 +1010,25 @@ def test_an_ambiguous_patch_name_says_so(stack, capsys):
     assert "no-such is not in patches/series (" in capsys.readouterr().err
 
 
+def test_check_without_drafts_and_with_a_torn_meta_json(stack, capsys):
+    _feature_stack(stack)
+    capsys.readouterr()
+    assert stack.run("upstream", "--check") == 0
+    assert "no upstream/ folder: no draft recorded" in capsys.readouterr().out
+    torn = stack.root / "upstream" / "eplb-add-feature" / "meta.json"
+    torn.parent.mkdir(parents=True)
+    torn.write_text('{"revisions": [')
+    assert stack.run("upstream", "--check") == 1
+    out = capsys.readouterr().out
+    assert f"upstream/eplb-add-feature/: {torn} is not valid JSON" in out, out
+    assert (
+        "upstream/eplb-add-other/: no draft recorded: `scripts/vstack upstream " in out
+    )
+    assert (
+        "upstream/index.md: missing: `scripts/vstack upstream --all` writes it" in out
+    )
+
+
 def test_ci_runs_the_upstream_check():
     run = (ROOT / ".ci" / "run").read_text()
     assert "scripts/vstack upstream --check" in run

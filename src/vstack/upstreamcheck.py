@@ -155,7 +155,13 @@ def check(project: Project) -> tuple[list[str], int]:
             expected.append({"slug": slug, "rev": None, "non_test": None,
                              "deps": None, "tests": None})  # fmt: skip
             continue
-        meta = parse_meta((folder / "meta.json").read_bytes(), folder / "meta.json")
+        try:
+            meta = parse_meta((folder / "meta.json").read_bytes(), folder / "meta.json")
+        except VstackError as e:
+            found.append(f"upstream/{slug}/: {e}")
+            expected.append({"slug": slug, "rev": None, "non_test": None,
+                             "deps": None, "tests": None})  # fmt: skip
+            continue
         metas[slug] = meta
         checks = folder / "checks.txt"
         text = checks.read_text(errors="replace") if checks.is_file() else ""
@@ -216,6 +222,10 @@ def check(project: Project) -> tuple[list[str], int]:
 def cmd_check(project: Project) -> int:
     if not project.patches_dir.is_dir():
         raise VstackError(f"{project.patches_dir} does not exist")
+    if not (project.root / "upstream").is_dir():
+        print("vstack upstream --check: no upstream/ folder: no draft recorded, none "
+              "stale (`scripts/vstack upstream --all` records them)")  # fmt: skip
+        return 0
     found, n = check(project)
     for line in found:
         print(line)
