@@ -1733,6 +1733,8 @@ def cmd_upstream(project: Project, patch_name: str | None, git_path: str | None,
         raise VstackError("give a patch (a patches/series entry) or --all")
     from vstack.check import test_env_python
 
+    if patch_name and not all_patches:  # a wrong name says so before any work
+        pick_patch([p.name for p in series_paths(project.patches_dir)], patch_name)
     py = Path(python) if python else test_env_python(project)
     stack = load_stack(project, git_path, base_rev, wheel_index)
     indices = range(len(stack.names)) if all_patches else [stack.index(patch_name)]
