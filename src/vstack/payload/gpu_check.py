@@ -992,9 +992,10 @@ def check_logical_load_nccl_contract(mods) -> dict:
 
 
 def _byte_rows_api(mods):
-    """The vLLM name byte-view-index-copy uses: the (rows, bytes) uint8 view
-    the staged apply copies through (looked up here only)."""
-    return mods[EPLB_STATE]._as_byte_rows
+    """The (rows, bytes) uint8 view: the narrowest view the staged apply's
+    ``_row_views`` falls back to; the check times it against the wide one."""
+    assert hasattr(mods[EPLB_STATE], "_row_views"), "not the series' eplb_state"
+    return lambda t: t.view(t.shape[0], -1).view(_torch().uint8)
 
 
 def _dsv3_fp8_layer(torch) -> dict:
