@@ -10,25 +10,42 @@ torch ops, with one collective per step as decode has. By default nothing
 sleeps; --device-ms adds the GPU's share of a step, during which the host
 waits with the GIL released, as it does in a CUDA sync. --cpu-group-latency-ms
 models EP ranks on several nodes (vLLM #57883): every operation on the EP and
-EPLB groups' gloo CPU groups (a collective, cpu_all_reduce_, a p2p batch) first
-waits that long with the GIL released, as a cross-node round trip does.
+EPLB groups' gloo CPU groups (a collective, cpu_all_reduce_, a p2p batch), and
+on the DP group's where there is one, first waits that long with the GIL
+released, as a cross-node round trip does.
 
-Per rank it reports the decode step time (forward + EplbState.step() + the
-step's collective) in steady state and during migrations, the collectives the
-main thread issues inside EplbState.step() per migration step, the steps per
-migration cycle, and the bytes EPLB holds or allocates on the weights' device.
+Stock and patched each run in two configurations (--configs):
+  dp_sync  Model Runner V2's per-step DP batch sync, for real: vLLM's DP group
+           is a gloo GroupCoordinator over the ranks (DP group = EP group, as
+           in DEP) and each step calls the tree's own
+           sync_cudagraph_and_dp_padding before the forward. The patched tree
+           registers async EPLB's column on it (DPSyncRows, with
+           EPLBController's provider class), so step() should issue no
+           collective during a migration; stock's table keeps its 7 rows and
+           step() polls as before.
+  own      no DP sync: step() runs its own collective while a migration is in
+           flight (patched: one small cpu_all_reduce_; stock: its poll).
+
+Per rank it reports the decode step time (DP sync + forward +
+EplbState.step() + the step's collective) in steady state and during
+migrations, the collectives the main thread issues inside EplbState.step() per
+migration step (and in the whole step), the steps per migration cycle, the
+DP sync's own time, and the bytes EPLB holds or allocates on the weights'
+device. Each --cpu-group-latency-ms value writes its own results file, and a
+final table puts stock and patched side by side.
 
 Usage (trees: a stock vLLM 0.34.0 source tree and the applied series):
     python benchmarks/eplb_async_critical_path.py \
         --stock-tree ../stock-0.34.0 --patched-tree .vstack/repo \
-        [--staged 1,5,43] [--device-ms 20 --requests 512] \
-        [--cpu-group-latency-ms 2]
+        [--configs dp_sync,own] [--staged 1] [--cycles 3] \
+        [--device-ms 20 --requests 512] [--cpu-group-latency-ms 0,0.5,2]
 """
 
 import argparse
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -97,8 +114,10 @@ class _MainThreadCollectives:
         import vllm.distributed.eplb.eplb_state as eplb_state_module
         from vllm.distributed.parallel_state import GroupCoordinator
 
-        self.count = 0
+        self.count = 0  # inside EplbState.step()
         self.active = False
+        self.total = 0  # the whole decode step: DP sync, step(), decode's
+        self.whole = False
         self.thread = threading.current_thread()
         targets = [
             (dist, n)
@@ -115,16 +134,18 @@ class _MainThreadCollectives:
 
     def _wrap(self, fn):
         def wrapper(*args, **kwargs):
-            if self.active and threading.current_thread() is self.thread:
-                self.count += 1
+            if threading.current_thread() is self.thread:
+                self.count += self.active
+                self.total += self.whole
             return fn(*args, **kwargs)
 
         return wrapper
 
 
 def _add_cpu_group_latency(seconds):
-    """Every operation on the EP/EPLB gloo CPU groups waits ``seconds`` first,
-    with the GIL released, in stock and patched trees alike."""
+    """Every operation on the EP/EPLB (and, with the DP sync, DP) gloo CPU
+    groups waits ``seconds`` first, with the GIL released, in stock and
+    patched trees alike. In a DEP deployment the DP group is the EP group."""
     import torch.distributed as dist
     import vllm.distributed.eplb.eplb_communicator as communicator
     import vllm.distributed.eplb.eplb_state as eplb_state
@@ -134,7 +155,7 @@ def _add_cpu_group_latency(seconds):
     def cpu_groups():
         return {
             id(g.cpu_group)
-            for g in (parallel_state._EP, parallel_state._EPLB)
+            for g in (parallel_state._EP, parallel_state._EPLB, parallel_state._DP)
             if g is not None
         }
 
@@ -168,6 +189,57 @@ def _add_cpu_group_latency(seconds):
     dist.all_reduce = delayed(dist.all_reduce)
     eplb_state.all_reduce = delayed(eplb_state.all_reduce)
     communicator.batch_isend_irecv = delayed(communicator.batch_isend_irecv)
+
+
+def _setup_dp_sync(rank, world_size, state):
+    """Model Runner V2's per-step DP batch sync, for real: vLLM's DP group is
+    a gloo ``GroupCoordinator`` over the ranks (DP group = EP group, as in a
+    DEP deployment), and each step calls the tree's own
+    ``sync_cudagraph_and_dp_padding``. Where the tree has the DPSyncRows hook,
+    async EPLB's column is registered as ``EPLBController._maybe_ride_dp_sync``
+    does, with the controller's own provider class. Returns the per-step call
+    and the number of rows the synced table has."""
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.distributed import parallel_state
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+    from vllm.v1.worker.gpu.dp_utils import sync_cudagraph_and_dp_padding
+
+    # Collective over the world: every rank creates it at the same point.
+    parallel_state._DP = parallel_state.init_model_parallel_group(
+        [list(range(world_size))], rank, "gloo", group_name="dp"
+    )
+    rows = 7
+    try:
+        from vllm.v1.worker.dp_utils import register_dp_sync_rows
+        from vllm.v1.worker.gpu.eplb_utils import _AsyncEplbSyncRows
+    except ImportError:  # stock: no hook, the stock 7-row table
+        provider = None
+    else:
+        controller = SimpleNamespace(state=state, parallel_config=state.parallel_config)
+        provider = _AsyncEplbSyncRows(controller)
+        register_dp_sync_rows(provider)
+        rows += provider.num_rows
+    num_tokens = 64  # a uniform decode batch, eager (no CUDA graphs on CPU)
+    desc = BatchExecutionDescriptor(
+        cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_tokens
+    )
+
+    def dp_sync():
+        _, sync = sync_cudagraph_and_dp_padding(
+            None,
+            desc,
+            num_tokens,
+            num_tokens,
+            1,
+            world_size,
+            rank,
+            max_query_len=1,
+        )
+        assert sync is not None and sync.eager
+
+    return dp_sync, rows
 
 
 def _rank_scenario(rank, world_size, cfg):
@@ -224,6 +296,9 @@ def _rank_scenario(rank, world_size, cfg):
     if cfg["cpu_group_latency_ms"]:
         _add_cpu_group_latency(cfg["cpu_group_latency_ms"] / 1e3)
     state = make_eplb_state(model, use_async=True, **kwargs)
+    dp_sync, dp_sync_rows = (
+        _setup_dp_sync(rank, world_size, state) if cfg["dp_sync"] else (None, 0)
+    )
     ms = model_state(state)
     eplb_bytes = sum(b.numel() * b.element_size() for b in ms.expert_buffer)
     for slot in getattr(ms, "staging_slots", [])[1:]:
@@ -233,11 +308,19 @@ def _rank_scenario(rank, world_size, cfg):
     x = torch.randn(64, 128)
     w = torch.randn(128, 128) * 0.05
     steady, migration, collectives, cycles, alloc = [], [], [], [], 0
+    whole_step_collectives = []  # per migration step, outside step() too
+    dp_sync_s = []  # the DP batch sync alone, timed steps
     eplb_step = []  # EplbState.step() alone, during migrations
     apply_steps = []  # per cycle: steps at which some layer switched
 
     def decode_step(record, track_alloc=False):
         t0 = time.perf_counter()
+        counter.whole, counter.total = True, 0
+        if dp_sync is not None:
+            # Model Runner V2: execute_model's batch sync, before the forward.
+            dp_sync()
+            if record is not None:
+                dp_sync_s.append(time.perf_counter() - t0)
         _forward(x, w, cfg["requests"], cfg["device_ms"] / 1e3)
         counter.active, counter.count = True, 0
         # The dispatch mode slows every op, so it runs only in the untimed
@@ -251,11 +334,12 @@ def _rank_scenario(rank, world_size, cfg):
         done = torch.tensor([int(ms.rebalanced)])
         dist.all_reduce(done)  # decode is collective: one per step
         elapsed = time.perf_counter() - t0
+        counter.whole = False
         if record is not None:
             record.append(elapsed)
         if record is migration:
             eplb_step.append(step_s)
-        return int(done), counter.count, getattr(mode, "bytes", 0)
+        return int(done), (counter.count, counter.total), getattr(mode, "bytes", 0)
 
     for _ in range(cfg["warmup"]):
         decode_step(None)
@@ -269,7 +353,7 @@ def _rank_scenario(rank, world_size, cfg):
         steps, switched = 1, 0
         prev = ms.physical_to_logical_map.clone()
         while True:
-            busy, count, nbytes = decode_step(
+            busy, (count, total), nbytes = decode_step(
                 None if track_alloc else migration, track_alloc
             )
             # Outside the timed step: did a layer switch on this step?
@@ -277,6 +361,7 @@ def _rank_scenario(rank, world_size, cfg):
                 switched += 1
                 prev.copy_(ms.physical_to_logical_map)
             collectives.append(count)
+            whole_step_collectives.append(total)
             alloc = max(alloc, nbytes)
             steps += 1
             if busy == 0 or steps > 2000:
@@ -289,6 +374,10 @@ def _rank_scenario(rank, world_size, cfg):
         "migration": migration,
         "eplb_step": eplb_step,
         "collectives_per_migration_step": sum(collectives) / max(1, len(collectives)),
+        "whole_step_collectives_per_migration_step": sum(whole_step_collectives)
+        / max(1, len(whole_step_collectives)),
+        "dp_sync_rows": dp_sync_rows,
+        "dp_sync": dp_sync_s,
         "steps_per_cycle": cycles,
         "apply_steps_per_cycle": apply_steps,
         "eplb_buffer_bytes": eplb_bytes,
@@ -319,7 +408,7 @@ def _omp_threads(ranks):
     return max(1, (os.cpu_count() or 1) // ranks)
 
 
-def _launch(name, tree, staged_layers, args, tmp):
+def _launch(name, tree, staged_layers, dp_sync, latency_ms, args, tmp):
     cfg = {
         "ranks": args.ranks,
         "layers": args.layers,
@@ -328,7 +417,8 @@ def _launch(name, tree, staged_layers, args, tmp):
         "row_elems": args.row_elems,
         "requests": args.requests,
         "device_ms": args.device_ms,
-        "cpu_group_latency_ms": args.cpu_group_latency_ms,
+        "cpu_group_latency_ms": latency_ms,
+        "dp_sync": dp_sync,
         "warmup": args.warmup,
         "steady_steps": args.steady_steps,
         "cycles": args.cycles,
@@ -353,45 +443,109 @@ def _launch(name, tree, staged_layers, args, tmp):
         return json.load(f)
 
 
+CONFIGS = {
+    "dp_sync": "each step calls the tree's sync_cudagraph_and_dp_padding on a gloo "
+    "DP group of the ranks before the forward; the patched tree's async EPLB "
+    "column rides it (DPSyncRows, as EPLBController registers it), stock's "
+    "table has its 7 rows",
+    "own": "no DP sync: EplbState.step() runs its own collective while a "
+    "migration is in flight (stock: its per-step poll; patched: one small "
+    "cpu_all_reduce_)",
+}
+
+
+def _worst(run, key):
+    return max(key(r) for r in run["ranks"])
+
+
+def _mean_steps(r):
+    return sum(r["steps_per_cycle"]) / len(r["steps_per_cycle"])
+
+
+def _stock_of(runs, run):
+    return next(
+        r
+        for r in runs
+        if r["impl"].startswith("stock") and r["config"] == run["config"]
+    )
+
+
 def _summary_rows(runs):
-    """Per run, the worst rank's figures, patched runs also relative to stock."""
-
-    def worst(run, key):
-        return max(key(r) for r in run["ranks"])
-
-    def mean_steps(r):
-        return sum(r["steps_per_cycle"]) / len(r["steps_per_cycle"])
-
-    stock = runs[0]
+    """Per run, the worst rank's figures, patched runs also relative to stock
+    in the same configuration."""
     rows = {}
     for run in runs:
         name = run["name"]
-        p99 = worst(run, lambda r: r["migration"]["p99_ms"])
-        steps = worst(run, mean_steps)
+        stock = _stock_of(runs, run)
+        p99 = _worst(run, lambda r: r["migration"]["p99_ms"])
+        steps = _worst(run, _mean_steps)
         vs = "" if run is stock else " ({:.2f}x stock)"
         rows[f"{name}: migration p99 / steady p99"] = "{:.2f}".format(
-            worst(run, lambda r: r["p99_ratio"])
+            _worst(run, lambda r: r["p99_ratio"])
         )
         rows[f"{name}: migration step p99 ms"] = f"{p99:.1f}" + vs.format(
-            p99 / worst(stock, lambda r: r["migration"]["p99_ms"])
+            p99 / _worst(stock, lambda r: r["migration"]["p99_ms"])
+        )
+        rows[f"{name}: steady step p99 ms"] = "{:.1f}".format(
+            _worst(run, lambda r: r["steady"]["p99_ms"])
         )
         rows[f"{name}: EplbState.step() p50/p99 ms, migration"] = (
             "{:.2f}/{:.2f}".format(
-                worst(run, lambda r: r["eplb_step_in_migration"]["p50_ms"]),
-                worst(run, lambda r: r["eplb_step_in_migration"]["p99_ms"]),
+                _worst(run, lambda r: r["eplb_step_in_migration"]["p50_ms"]),
+                _worst(run, lambda r: r["eplb_step_in_migration"]["p99_ms"]),
             )
         )
-        rows[f"{name}: main-thread collectives per migration step"] = worst(
+        if run["config"] == "dp_sync":
+            rows[f"{name}: DP sync p50/p99 ms"] = "{:.2f}/{:.2f}".format(
+                _worst(run, lambda r: r["dp_sync_step"]["p50_ms"]),
+                _worst(run, lambda r: r["dp_sync_step"]["p99_ms"]),
+            )
+            rows[f"{name}: DP sync table rows (x ranks, int32)"] = run["ranks"][0][
+                "dp_sync_rows"
+            ]
+        rows[f"{name}: main-thread collectives per migration step, in step()"] = _worst(
             run, lambda r: r["collectives_per_migration_step"]
         )
+        rows[f"{name}: main-thread collectives per migration step, whole step"] = (
+            _worst(run, lambda r: r["whole_step_collectives_per_migration_step"])
+        )
         rows[f"{name}: steps per cycle, mean"] = f"{steps:.1f}" + vs.format(
-            steps / worst(stock, mean_steps)
+            steps / _worst(stock, _mean_steps)
         )
         rows[f"{name}: EPLB device bytes / bytes allocated per step"] = (
-            f"{worst(run, lambda r: r['eplb_buffer_bytes'])} / "
-            f"{worst(run, lambda r: r['max_step_alloc_bytes'])}"
+            f"{_worst(run, lambda r: r['eplb_buffer_bytes'])} / "
+            f"{_worst(run, lambda r: r['max_step_alloc_bytes'])}"
         )
     return rows
+
+
+def _checks(runs, goal):
+    """Patched vs stock in the same configuration, worst rank of each."""
+    checks = []
+    for run in runs:
+        if run["impl"].startswith("stock"):
+            continue
+        stock = _stock_of(runs, run)
+        steps = _worst(run, _mean_steps)
+        stock_steps = _worst(stock, _mean_steps)
+        ratio = _worst(run, lambda r: r["p99_ratio"])
+        stock_ratio = _worst(stock, lambda r: r["p99_ratio"])
+        checks.append(
+            {
+                "run": run["name"],
+                "steps_per_cycle": steps,
+                "stock_steps_per_cycle": stock_steps,
+                "steps_per_cycle_le_stock": steps <= stock_steps,
+                "p99_ratio": ratio,
+                "stock_p99_ratio": stock_ratio,
+                "p99_ratio_le_stock": ratio <= stock_ratio,
+                f"p99_ratio_le_{goal:g}x": ratio <= goal,
+                "collectives_in_step": _worst(
+                    run, lambda r: r["collectives_per_migration_step"]
+                ),
+            }
+        )
+    return checks
 
 
 def _print_table(report):
@@ -430,6 +584,14 @@ def _print_table(report):
                     str(r["max_step_alloc_bytes"]),
                 )
             )
+    _print_rows(rows)
+    print(
+        "(times in ms; step() is EplbState.step() alone, during migrations; "
+        "coll/step: main-thread collectives inside step() per migration step)"
+    )
+
+
+def _print_rows(rows):
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print(
@@ -437,7 +599,123 @@ def _print_table(report):
                 cell.ljust(w) for cell, w in zip(row, widths, strict=True)
             ).rstrip()
         )
-    print("(times in ms; step() is EplbState.step() alone, during migrations)")
+
+
+def _print_side_by_side(reports):
+    """One line per configuration and latency, stock next to patched (worst
+    rank of each)."""
+    rows = [
+        (
+            "latency",
+            "config",
+            "patched run",
+            "steps/cycle stock|patched",
+            "mig p99 ms stock|patched",
+            "p99 ratio stock|patched",
+            "coll in step() stock|patched",
+            "coll whole step stock|patched",
+        )
+    ]
+    for report in reports:
+        runs = report["runs"]
+        for run in runs:
+            if run["impl"].startswith("stock"):
+                continue
+            stock = _stock_of(runs, run)
+
+            def pair(key, fmt, run=run, stock=stock):
+                return f"{fmt.format(_worst(stock, key))} | " + fmt.format(
+                    _worst(run, key)
+                )
+
+            rows.append(
+                (
+                    f"{report['config']['cpu_group_latency_ms']:g} ms",
+                    run["config"],
+                    run["name"],
+                    pair(_mean_steps, "{:.1f}"),
+                    pair(lambda r: r["migration"]["p99_ms"], "{:.1f}"),
+                    pair(lambda r: r["p99_ratio"], "{:.2f}"),
+                    pair(lambda r: r["collectives_per_migration_step"], "{:.2f}"),
+                    pair(
+                        lambda r: r["whole_step_collectives_per_migration_step"],
+                        "{:.2f}",
+                    ),
+                )
+            )
+    _print_rows(rows)
+    print(
+        "(worst rank of each run; p99 ratio = migration-step p99 / steady-step "
+        "p99; coll = main-thread collectives per migration step)"
+    )
+
+
+def _default_out(device_ms, latency_ms):
+    name = "eplb_async_critical_path"
+    if device_ms:
+        name += f"_device{device_ms:g}ms"
+        if latency_ms:
+            name += f"_latency{latency_ms:g}ms"
+    elif latency_ms:
+        name += f"_latency{latency_ms:g}ms"
+    return os.path.join(HERE, "results", name + ".json")
+
+
+def _run_latency(latency_ms, runs, args, tmp):
+    report_runs = []
+    for i, (impl, config, tree, staged_layers) in enumerate(runs):
+        name = f"{impl}, {config}"
+        if staged_layers is not None and len(set(args.staged_list)) > 1:
+            name += f", staged={staged_layers}"
+        print(f"[{latency_ms:g} ms] running {name} ...", flush=True)
+        raw = _launch(
+            f"lat{latency_ms:g}_run{i}",
+            tree,
+            staged_layers,
+            config == "dp_sync",
+            latency_ms,
+            args,
+            tmp,
+        )
+        ranks = []
+        for rank, (status, value) in enumerate(raw["ranks"]):
+            if status != "ok":
+                raise SystemExit(f"{name} rank {rank} failed: {value}")
+            steady = _summary(value["steady"])
+            migr = _summary(value["migration"])
+            ranks.append(
+                {
+                    "rank": rank,
+                    "steady": steady,
+                    "migration": migr,
+                    "p99_ratio": migr["p99_ms"] / steady["p99_ms"],
+                    "collectives_per_migration_step": value[
+                        "collectives_per_migration_step"
+                    ],
+                    "whole_step_collectives_per_migration_step": value[
+                        "whole_step_collectives_per_migration_step"
+                    ],
+                    "dp_sync_rows": value["dp_sync_rows"],
+                    "dp_sync_step": _summary(value["dp_sync"]),
+                    "steps_per_cycle": value["steps_per_cycle"],
+                    "apply_steps_per_cycle": value["apply_steps_per_cycle"],
+                    "eplb_step_in_migration": _summary(value["eplb_step"]),
+                    "eplb_buffer_bytes": value["eplb_buffer_bytes"],
+                    "max_step_alloc_bytes": value["max_step_alloc_bytes"],
+                }
+            )
+        print(f"  vllm loaded from {raw['vllm']}", flush=True)
+        report_runs.append(
+            {
+                "name": name,
+                "impl": impl,
+                "config": config,
+                "async_staged_layers": staged_layers,
+                "vllm": raw["vllm"],
+                "ranks": ranks,
+            }
+        )
+    return report_runs
 
 
 def main():
@@ -471,21 +749,43 @@ def main():
     )
     parser.add_argument(
         "--cpu-group-latency-ms",
-        type=float,
-        default=0.0,
-        help="added before every operation on the EP/EPLB gloo CPU groups: "
-        "ranks on several nodes (default 0: one machine)",
+        default="0",
+        help="comma-separated; added before every operation on the EP/EPLB "
+        "(and DP) gloo CPU groups: ranks on several nodes (default 0: one "
+        "machine). Each value is its own stock-vs-patched run and results file",
+    )
+    parser.add_argument(
+        "--configs",
+        default="dp_sync,own",
+        help="comma-separated, each run for stock and patched: "
+        + "; ".join(f"{k}: {v}" for k, v in CONFIGS.items()),
     )
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steady-steps", type=int, default=150)
-    parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument(
         "--staged",
-        default=None,
+        default="1",
         help="comma-separated async_staged_layers values for the patched "
-        "tree (default: 1 and --layers)",
+        "tree (default: 1, the default)",
     )
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument(
+        "--goal",
+        type=float,
+        default=1.05,
+        help="goal for the patched migration p99 / steady p99 (default 1.05)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results file, for a single latency (default: "
+        "results/eplb_async_critical_path[_device<D>ms][_latency<L>ms].json)",
+    )
+    parser.add_argument(
+        "--machine",
+        default=None,
+        help="where it ran, recorded in the results (default: the core count)",
+    )
     args = parser.parse_args()
     for flag, tree in (
         ("--stock-tree", args.stock_tree),
@@ -497,58 +797,68 @@ def main():
             parser.error(
                 f"{flag} {tree}: not a vLLM source tree (no vllm/distributed/eplb)"
             )
+    latencies = [float(v) for v in args.cpu_group_latency_ms.split(",")]
+    configs = args.configs.split(",")
+    for config in configs:
+        if config not in CONFIGS:
+            parser.error(f"--configs: unknown {config!r} (know {list(CONFIGS)})")
+    if args.out and len(latencies) > 1:
+        parser.error("--out takes a single --cpu-group-latency-ms value")
     import tempfile
 
-    staged = [int(v) for v in (args.staged or f"1,{args.layers}").split(",")]
-    runs = [("stock 0.34.0", args.stock_tree, None)]
-    runs += [(f"patched, staged={n}", args.patched_tree, n) for n in staged]
-    config = dict(vars(args), cpus=os.cpu_count())
-    config["omp_num_threads"] = os.environ.get(
-        "OMP_NUM_THREADS", _omp_threads(args.ranks)
-    )
-    report = {"config": config, "runs": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, tree, staged_layers) in enumerate(runs):
-            print(f"running {name} ...", flush=True)
-            raw = _launch(f"run{i}", tree, staged_layers, args, tmp)
-            ranks = []
-            for rank, (status, value) in enumerate(raw["ranks"]):
-                if status != "ok":
-                    raise SystemExit(f"{name} rank {rank} failed: {value}")
-                steady = _summary(value["steady"])
-                migr = _summary(value["migration"])
-                ranks.append(
-                    {
-                        "rank": rank,
-                        "steady": steady,
-                        "migration": migr,
-                        "p99_ratio": migr["p99_ms"] / steady["p99_ms"],
-                        "collectives_per_migration_step": value[
-                            "collectives_per_migration_step"
-                        ],
-                        "steps_per_cycle": value["steps_per_cycle"],
-                        "apply_steps_per_cycle": value["apply_steps_per_cycle"],
-                        "eplb_step_in_migration": _summary(value["eplb_step"]),
-                        "eplb_buffer_bytes": value["eplb_buffer_bytes"],
-                        "max_step_alloc_bytes": value["max_step_alloc_bytes"],
-                    }
-                )
-            print(f"  vllm loaded from {raw['vllm']}", flush=True)
-            report["runs"].append({"name": name, "vllm": raw["vllm"], "ranks": ranks})
-    report["summary"] = _summary_rows(report["runs"])
-    report["command"] = " ".join(
+    args.staged_list = [int(v) for v in args.staged.split(",")]
+    runs = []
+    for config in configs:
+        runs.append(("stock 0.34.0", config, args.stock_tree, None))
+        runs += [("patched", config, args.patched_tree, n) for n in args.staged_list]
+    # The two implementations alternate, so drift on a shared machine hits both.
+    command = shlex.join(
         [os.path.basename(sys.executable), os.path.relpath(__file__), *sys.argv[1:]]
     )
-    report["machine"] = {
+    machine = {
         "cores": os.cpu_count(),
+        "description": args.machine or f"{os.cpu_count()} CPU cores, no GPU",
         "note": "CPU gloo ranks, not measured on GPU",
     }
-    report["timestamp"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    _print_table(report)
-    print(f"wrote {args.out}")
+    reports = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for latency_ms in latencies:
+            config = dict(
+                vars(args), cpus=os.cpu_count(), cpu_group_latency_ms=latency_ms
+            )
+            config.pop("staged_list")
+            config["omp_num_threads"] = os.environ.get(
+                "OMP_NUM_THREADS", _omp_threads(args.ranks)
+            )
+            config["out"] = args.out or os.path.relpath(
+                _default_out(args.device_ms, latency_ms)
+            )
+            load_start = os.getloadavg()[0]
+            report = {
+                "what": "stock vLLM 0.34.0 vs the applied series (decisions on the "
+                "main threads), each in both configurations, in one run: "
+                + "; ".join(f"{c}: {CONFIGS[c]}" for c in configs),
+                "config": config,
+                "runs": _run_latency(latency_ms, runs, args, tmp),
+            }
+            report["summary"] = _summary_rows(report["runs"])
+            report["checks"] = _checks(report["runs"], args.goal)
+            report["command"] = command
+            # Other work on a shared machine shows here, not in the numbers.
+            report["machine"] = dict(
+                machine,
+                load_average_1m=f"{load_start:.1f} at start, "
+                f"{os.getloadavg()[0]:.1f} at end",
+            )
+            report["timestamp"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            os.makedirs(os.path.dirname(os.path.abspath(config["out"])), exist_ok=True)
+            with open(config["out"], "w") as f:
+                json.dump(report, f, indent=2)
+            _print_table(report)
+            print(f"wrote {config['out']}", flush=True)
+            reports.append(report)
+    print()
+    _print_side_by_side(reports)
 
 
 if __name__ == "__main__":
