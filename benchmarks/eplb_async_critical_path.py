@@ -217,7 +217,9 @@ def _setup_dp_sync(rank, world_size, state):
     except ImportError:  # stock: no hook, the stock 7-row table
         provider = None
     else:
-        controller = SimpleNamespace(state=state, parallel_config=state.parallel_config)
+        controller = SimpleNamespace(
+            state=state, parallel_config=state.parallel_config, suppressed=False
+        )
         provider = _AsyncEplbSyncRows(controller)
         register_dp_sync_rows(provider)
         rows += provider.num_rows

@@ -399,7 +399,8 @@ def test_gpu_check_multi_dry_run_cpu_drives_the_series_helpers(bundle, tmp_path)
     assert ft["status"] == "pass", ft
     # Layer 2 failed on rank 1: layers 0 and 1 stay applied, the rest old.
     assert ft["details"]["first_cycle_layers"] == [0, 1]
-    assert ft["details"]["second_cycle_layers"] == list(range(6))
+    # Paused until FT recovery rebuilds the EPLB group: no second cycle.
+    assert ft["details"]["second_cycle_layers"] == []
     itl = scenarios["itl/stock"]
     assert itl["status"] == "pass", itl
     assert itl["vllm"] == "vllm-stock.zip" and equivalence["vllm"] == "vllm.zip"
