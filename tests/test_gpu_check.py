@@ -121,9 +121,11 @@ def test_gpu_check_multi_judges_every_rank():
     assert rec["status"] == "timeout" and rec["reason"].startswith("rank 1")
     skip = {"skip": "NIXL is not importable here"}
     assert judge("ft-failure", cfg, [("ok", skip)] * 2)["status"] == "skip"
-    ft = {"first": [[[0]], [[0]]], "second": [[[0], [1]], [[0], [1]]],
+    ft = {"first": [[[0]], [[0]]], "second": [[[]], [[]]], "paused": True,
           "placements": ok["placements"], "worker_alive": True}  # fmt: skip
     assert judge("ft-failure", cfg, [("ok", ft)] * 2)["status"] == "pass"
+    rec = judge("ft-failure", cfg, [("ok", ft), ("ok", {**ft, "paused": False})])
+    assert rec["status"] == "fail" and "did not pause" in rec["reason"]
     rec = judge("ft-failure", cfg, [("ok", ft), ("ok", {**ft, "worker_alive": False})])
     assert rec["status"] == "fail" and "worker died" in rec["reason"]
     itl = {"steady": [0.001] * 10, "migration": [0.001] * 9 + [0.004]}
