@@ -30,7 +30,10 @@ Per rank it reports the decode step time (DP sync + forward +
 EplbState.step() + the step's collective) in steady state and during
 migrations, the collectives the main thread issues inside EplbState.step() per
 migration step (and in the whole step), the steps per migration cycle, the
-DP sync's own time, and the bytes EPLB holds or allocates on the weights'
+forwards per cycle that ran before the first one on the whole new placement
+(stock applies in step(), after a step's forward; the DP-sync path applies
+before it, so a layer that serves the same forward switches one step later
+there), the DP sync's own time, and the bytes EPLB holds or allocates on the weights'
 device. Each --cpu-group-latency-ms value writes its own results file, and a
 final table puts stock and patched side by side.
 
@@ -314,15 +317,25 @@ def _rank_scenario(rank, world_size, cfg):
     dp_sync_s = []  # the DP batch sync alone, timed steps
     eplb_step = []  # EplbState.step() alone, during migrations
     apply_steps = []  # per cycle: steps at which some layer switched
+    # Per cycle: forwards that ran before the first one on the whole new
+    # placement. Where a step applies (stock: in step(), after the forward;
+    # the DP-sync path: before the forward) moves the step a layer switches
+    # on, not the forward it first serves, so this compares the two alike.
+    old_forwards = []
 
-    def decode_step(record, track_alloc=False):
+    def decode_step(record, track_alloc=False, placements=None):
         t0 = time.perf_counter()
+        untimed = 0.0
         counter.whole, counter.total = True, 0
         if dp_sync is not None:
             # Model Runner V2: execute_model's batch sync, before the forward.
             dp_sync()
             if record is not None:
                 dp_sync_s.append(time.perf_counter() - t0)
+        if placements is not None:
+            t_copy = time.perf_counter()
+            placements.append(ms.physical_to_logical_map.clone())
+            untimed += time.perf_counter() - t_copy
         _forward(x, w, cfg["requests"], cfg["device_ms"] / 1e3)
         counter.active, counter.count = True, 0
         # The dispatch mode slows every op, so it runs only in the untimed
@@ -335,7 +348,7 @@ def _rank_scenario(rank, world_size, cfg):
         counter.active = False
         done = torch.tensor([int(ms.rebalanced)])
         dist.all_reduce(done)  # decode is collective: one per step
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0 - untimed
         counter.whole = False
         if record is not None:
             record.append(elapsed)
@@ -351,12 +364,14 @@ def _rank_scenario(rank, world_size, cfg):
         for _ in range(cfg["steady_steps"]):
             decode_step(steady)
         arm_trigger(state, seed=100 + cycle)
-        decode_step(None)  # the trigger step: load all_reduce + rearrange()
+        placements = []
+        # The trigger step: load all_reduce + rearrange().
+        decode_step(None, placements=placements)
         steps, switched = 1, 0
         prev = ms.physical_to_logical_map.clone()
         while True:
             busy, (count, total), nbytes = decode_step(
-                None if track_alloc else migration, track_alloc
+                None if track_alloc else migration, track_alloc, placements
             )
             # Outside the timed step: did a layer switch on this step?
             if not torch.equal(prev, ms.physical_to_logical_map):
@@ -371,6 +386,8 @@ def _rank_scenario(rank, world_size, cfg):
         if not track_alloc:
             cycles.append(steps)
             apply_steps.append(switched)
+            new = ms.physical_to_logical_map
+            old_forwards.append(sum(not torch.equal(p, new) for p in placements))
     return {
         "steady": steady,
         "migration": migration,
@@ -382,6 +399,7 @@ def _rank_scenario(rank, world_size, cfg):
         "dp_sync": dp_sync_s,
         "steps_per_cycle": cycles,
         "apply_steps_per_cycle": apply_steps,
+        "forwards_before_new_placement_per_cycle": old_forwards,
         "eplb_buffer_bytes": eplb_bytes,
         "max_step_alloc_bytes": alloc,
     }
@@ -464,6 +482,11 @@ def _mean_steps(r):
     return sum(r["steps_per_cycle"]) / len(r["steps_per_cycle"])
 
 
+def _mean_old_forwards(r):
+    old = r["forwards_before_new_placement_per_cycle"]
+    return sum(old) / len(old)
+
+
 def _stock_of(runs, run):
     return next(
         r
@@ -514,6 +537,10 @@ def _summary_rows(runs):
         rows[f"{name}: steps per cycle, mean"] = f"{steps:.1f}" + vs.format(
             steps / _worst(stock, _mean_steps)
         )
+        old = _worst(run, _mean_old_forwards)
+        rows[f"{name}: forwards before the new placement, mean"] = (
+            f"{old:.1f}" + vs.format(old / _worst(stock, _mean_old_forwards))
+        )
         rows[f"{name}: EPLB device bytes / bytes allocated per step"] = (
             f"{_worst(run, lambda r: r['eplb_buffer_bytes'])} / "
             f"{_worst(run, lambda r: r['max_step_alloc_bytes'])}"
@@ -530,6 +557,8 @@ def _checks(runs, goal):
         stock = _stock_of(runs, run)
         steps = _worst(run, _mean_steps)
         stock_steps = _worst(stock, _mean_steps)
+        old = _worst(run, _mean_old_forwards)
+        stock_old = _worst(stock, _mean_old_forwards)
         ratio = _worst(run, lambda r: r["p99_ratio"])
         stock_ratio = _worst(stock, lambda r: r["p99_ratio"])
         checks.append(
@@ -538,6 +567,9 @@ def _checks(runs, goal):
                 "steps_per_cycle": steps,
                 "stock_steps_per_cycle": stock_steps,
                 "steps_per_cycle_le_stock": steps <= stock_steps,
+                "forwards_before_new_placement": old,
+                "stock_forwards_before_new_placement": stock_old,
+                "forwards_before_new_placement_le_stock": old <= stock_old,
                 "p99_ratio": ratio,
                 "stock_p99_ratio": stock_ratio,
                 "p99_ratio_le_stock": ratio <= stock_ratio,
@@ -564,6 +596,7 @@ def _print_table(report):
             "step() p50/p99",
             "coll/step",
             "steps/cycle",
+            "old fwds",
             "apply steps",
             "EPLB bytes",
             "step alloc B",
@@ -581,6 +614,7 @@ def _print_table(report):
                     trio(r["eplb_step_in_migration"], ("p50_ms", "p99_ms")),
                     f"{r['collectives_per_migration_step']:.2f}",
                     str(r["steps_per_cycle"]),
+                    str(r["forwards_before_new_placement_per_cycle"]),
                     str(r["apply_steps_per_cycle"]),
                     str(r["eplb_buffer_bytes"]),
                     str(r["max_step_alloc_bytes"]),
@@ -589,7 +623,9 @@ def _print_table(report):
     _print_rows(rows)
     print(
         "(times in ms; step() is EplbState.step() alone, during migrations; "
-        "coll/step: main-thread collectives inside step() per migration step)"
+        "coll/step: main-thread collectives inside step() per migration step; "
+        "old fwds: forwards per cycle before the first on the whole new "
+        "placement)"
     )
 
 
@@ -612,6 +648,7 @@ def _print_side_by_side(reports):
             "config",
             "patched run",
             "steps/cycle stock|patched",
+            "old fwds stock|patched",
             "mig p99 ms stock|patched",
             "p99 ratio stock|patched",
             "coll in step() stock|patched",
@@ -636,6 +673,7 @@ def _print_side_by_side(reports):
                     run["config"],
                     run["name"],
                     pair(_mean_steps, "{:.1f}"),
+                    pair(_mean_old_forwards, "{:.1f}"),
                     pair(lambda r: r["migration"]["p99_ms"], "{:.1f}"),
                     pair(lambda r: r["p99_ratio"], "{:.2f}"),
                     pair(lambda r: r["collectives_per_migration_step"], "{:.2f}"),
@@ -701,6 +739,9 @@ def _run_latency(latency_ms, runs, args, tmp):
                     "dp_sync_step": _summary(value["dp_sync"]),
                     "steps_per_cycle": value["steps_per_cycle"],
                     "apply_steps_per_cycle": value["apply_steps_per_cycle"],
+                    "forwards_before_new_placement_per_cycle": value[
+                        "forwards_before_new_placement_per_cycle"
+                    ],
                     "eplb_step_in_migration": _summary(value["eplb_step"]),
                     "eplb_buffer_bytes": value["eplb_buffer_bytes"],
                     "max_step_alloc_bytes": value["max_step_alloc_bytes"],

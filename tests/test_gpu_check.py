@@ -249,7 +249,8 @@ def test_gpu_check_dry_run_cpu_runs_the_checks_logic(bundle, tmp_path):
     out, _ = bundle
     results = tmp_path / "dry.json"
     only = ["fused-mapping-graph-replay", "staging-fp8-bytes",
-            "index-copy-select-dtypes", "async-apply-no-sync"]  # fmt: skip
+            "index-copy-select-dtypes", "async-apply-no-sync",
+            "async-decision-path"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-I", str(out / "gpu_check.py"), "--dry-run-cpu",
          "--out", str(results), "--only", *only],
@@ -270,6 +271,12 @@ def test_gpu_check_dry_run_cpu_runs_the_checks_logic(bundle, tmp_path):
     for variant in ("mxfp8", "bf16", "nvfp4"):
         fp8 = data["checks"]["staging-fp8-bytes"]["details"][variant]
         assert all(fp8["identical"].values()) and fp8["ids_mapped"]
+    # Issue 27: the DP sync's provider hands the table to decide(): the peer's
+    # one staged layer bounds the first step, the cycle ends, a failure names
+    # the peer (the check fails, and with it this test, otherwise).
+    decision = data["checks"]["async-decision-path"]["details"]
+    assert decision["applied_after_each_step"] == [1, 2]
+    assert "EP rank(s) [1]" in decision["failure_error"]
 
 
 @pytest.mark.real_wheel
@@ -342,7 +349,7 @@ def test_gpu_check_dry_run_cpu_runs_the_issue_20_checks(bundle, tmp_path):
         assert "non-contiguous" in load["reason"]
         assert "Tensors must be contiguous" in load["reason"]
 
-    # 2. Byte view, per-row copy_ and 16-byte view give the same bytes.
+    # 2. Byte view, per-row copy_ and the apply's _row_views give the same bytes.
     copy = checks["byte-view-index-copy"]
     assert copy["status"] == "pass", statuses
     identical = copy["details"]["identical"]
@@ -350,7 +357,8 @@ def test_gpu_check_dry_run_cpu_runs_the_issue_20_checks(bundle, tmp_path):
                               "wide_view_index_copy"}  # fmt: skip
     assert all(len(r) == 6 and all(r.values()) for r in identical.values())
     assert copy["details"]["bytes_moved"] > 0
-    assert "complex128" in copy["details"]["wide_dtypes"].values()
+    # e4m3 rows of 7168 (dry run: 256) bytes move as int64 through _row_views.
+    assert copy["details"]["wide_dtypes"]["w13"] == "int64"
     assert "float8_e8m0fnu" in copy["details"]["dtypes"].values()
 
     # 3. The worker's staging on its own thread, applied layer by layer.

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
@@ -75,7 +76,7 @@ CHECKS = [
         "CUDA-graph replay of MegaMoE staging with the fused EPLB mapping (MXFP8 "
         "and NVFP4): maps and counts updated in place between replays, every "
         "replay maps to the current placement and records the load",
-        70,
+        60,
         (STAGING, EPLB_STATE),
     ),
     Check(
@@ -93,7 +94,7 @@ CHECKS = [
     ),
     Check(
         "async-apply-no-sync",
-        "the async EPLB apply step (the series' _apply_staged_layer: one byte-view "
+        "the async EPLB apply step (the series' _apply_staged_layer: one wide-view "
         "index_copy_ per weight from the staged slot, then the maps; stock's "
         "_move_to_workspace on a stock tree) under VLLM_GPU_SYNC_CHECK=error",
         50,
@@ -105,14 +106,14 @@ CHECKS = [
         "SymmMemEplbCommunicator with two processes on one GPU: rank 0 pushes "
         "expert rows into rank 1's symmetric buffer (skipped when torch refuses "
         "symmetric memory there)",
-        60,
+        50,
         ("vllm.distributed.eplb.eplb_communicator",),
     ),
     Check(
         "staging-time",
         "MegaMoE staging time with the fused EPLB mapping vs without EPLB, per "
         "rule (CUDA-graph replays; target: within 2 %)",
-        60,
+        50,
         (STAGING, EPLB_STATE),
     ),
     Check(
@@ -126,8 +127,9 @@ CHECKS = [
     Check(
         "byte-view-index-copy",
         "DeepSeek-V3 FP8 expert rows (e4m3 w13/w2, e8m0 and fp32 scales): "
-        "index_copy_ through the uint8 byte view vs per-row copy_ vs a wider "
-        "view, bit-equal, CUDA-event median times and ratios",
+        "index_copy_ through the staged apply's _row_views (widest integer view) "
+        "vs the uint8 byte view vs per-row copy_, bit-equal, CUDA-event median "
+        "times and ratios",
         45,
         (EPLB_STATE,),
     ),
@@ -146,6 +148,17 @@ CHECKS = [
         "weights and maps at unchanged addresses",
         35,
         (EPLB_STATE, REBALANCE),
+    ),
+    Check(
+        "async-decision-path",
+        "async EPLB's decision on the main thread, as the DP batch sync hands it "
+        "over (_AsyncEplbSyncRows.synced -> decide() -> _apply_staged_layer on "
+        "device weights) under VLLM_GPU_SYNC_CHECK=error: the reduced table "
+        "applies min-staged layers, ends the cycle, and a peer's failure raises "
+        "naming that rank",
+        30,
+        (EPLB_STATE, REBALANCE, "vllm.utils.gpu_sync_debug"),
+        {"VLLM_GPU_SYNC_CHECK": "error"},
     ),
 ]
 BY_NAME = {c.name: c for c in CHECKS}
@@ -992,10 +1005,11 @@ def check_logical_load_nccl_contract(mods) -> dict:
 
 
 def _byte_rows_api(mods):
-    """The (rows, bytes) uint8 view: the narrowest view the staged apply's
-    ``_row_views`` falls back to; the check times it against the wide one."""
-    assert hasattr(mods[EPLB_STATE], "_row_views"), "not the series' eplb_state"
-    return lambda t: t.view(t.shape[0], -1).view(_torch().uint8)
+    """The staged apply's ``_row_views`` (the widest integer view of rows),
+    and the (rows, bytes) uint8 view it falls back to, timed against it."""
+    row_views = getattr(mods[EPLB_STATE], "_row_views", None)
+    assert row_views is not None, "not the series' eplb_state"
+    return row_views, lambda t: t.view(t.shape[0], -1).view(_torch().uint8)
 
 
 def _dsv3_fp8_layer(torch) -> dict:
@@ -1023,15 +1037,6 @@ def _random_rows(torch, rows: int, shape, dtype):
     return raw.view(dtype).view(rows, *shape)
 
 
-def _wide_dtype(torch, row_bytes: int):
-    """The widest element that divides a row: 16 bytes (complex128) down."""
-    for size, dtype in ((16, torch.complex128), (8, torch.int64), (4, torch.int32),
-                        (2, torch.int16)):  # fmt: skip
-        if row_bytes % size == 0:
-            return dtype
-    return torch.uint8
-
-
 def _event_ms(torch, fn, runs: int) -> float:
     """Median CUDA-event time of fn, after one untimed run."""
     fn()
@@ -1049,7 +1054,7 @@ def _event_ms(torch, fn, runs: int) -> float:
 
 def check_byte_view_index_copy(mods) -> dict:
     torch = _torch()
-    as_byte_rows = _byte_rows_api(mods)
+    row_views, as_byte_rows = _byte_rows_api(mods)
     # ~36 local experts per layer at EP8; 24 of them change (a large move).
     rows, changed = (36, 24) if DEVICE == "cuda" else (8, 5)
     layout = _dsv3_fp8_layer(torch)
@@ -1067,10 +1072,9 @@ def check_byte_view_index_copy(mods) -> dict:
         want[index] = as_byte_rows(staged[name])[:changed]
         expected[name] = want
     row_bytes = {n: as_byte_rows(t).shape[1] for n, t in original.items()}
-    wide = {n: _wide_dtype(torch, b) for n, b in row_bytes.items()}
-    notes = {}
+    wide = {n: row_views(t, staged[n])[0].dtype for n, t in original.items()}
 
-    def byte_view(dst):  # _apply_staged_layer: one index_copy_ per weight
+    def byte_view(dst):  # _row_views' uint8 fallback: one index_copy_ per weight
         for name, w in dst.items():
             as_byte_rows(w).index_copy_(0, index, as_byte_rows(staged[name])[:changed])
 
@@ -1079,23 +1083,10 @@ def check_byte_view_index_copy(mods) -> dict:
             for name, w in dst.items():
                 w[row].copy_(staged[name][k], non_blocking=True)
 
-    def wide_view(dst):
+    def wide_view(dst):  # _apply_staged_layer: _row_views, one index_copy_ a weight
         for name, w in dst.items():
-            src = as_byte_rows(staged[name])[:changed]
-            try:
-                as_byte_rows(w).view(wide[name]).index_copy_(
-                    0, index, src.view(wide[name])
-                )
-            except Exception as e:  # e.g. no complex index_copy_: one step narrower
-                if wide[name] is torch.uint8:
-                    raise
-                notes[name] = f"{wide[name]}: {type(e).__name__}: {str(e)[:160]}"
-                wide[name] = (
-                    torch.int64 if wide[name] is torch.complex128 else torch.uint8
-                )
-                as_byte_rows(w).view(wide[name]).index_copy_(
-                    0, index, src.view(wide[name])
-                )
+            weight_rows, staged_rows = row_views(w, staged[name])
+            weight_rows.index_copy_(0, index, staged_rows[:changed])
 
     methods = {"byte_view_index_copy": byte_view, "per_row_copy": per_row,
                "wide_view_index_copy": wide_view}  # fmt: skip
@@ -1122,8 +1113,6 @@ def check_byte_view_index_copy(mods) -> dict:
         del dst
     details["identical"] = identical
     details["wide_dtypes"] = {n: str(d).removeprefix("torch.") for n, d in wide.items()}
-    if notes:
-        details["wide_view_fallbacks"] = notes
     if errors:
         details["errors"] = errors
     if times:
@@ -1500,6 +1489,130 @@ def check_graph_follows_staged_apply(mods) -> dict:
     return details
 
 
+def _decision_api(mods) -> SimpleNamespace:
+    """The series' main-thread decision path (absent from a stock tree): the
+    cycle, the DP sync's row provider and the flight recorder."""
+    import importlib
+
+    try:
+        cycle = importlib.import_module("vllm.distributed.eplb.async_cycle")
+        rows = importlib.import_module("vllm.v1.worker.gpu.eplb_utils")
+    except ModuleNotFoundError as e:
+        raise Skip(f"no main-thread async EPLB decision in this tree ({e})") from e
+    if not hasattr(rows, "_AsyncEplbSyncRows"):
+        raise Skip("no async EPLB row provider for the DP batch sync in this tree")
+    return SimpleNamespace(
+        cycle=cycle,
+        sync_rows=rows._AsyncEplbSyncRows,
+        EplbState=mods[EPLB_STATE].EplbState,
+        recorder=mods[EPLB_STATE].AsyncEplbFlightRecorder,
+    )
+
+
+def _deciding_state(api, cycle) -> object:
+    """An EplbState with only what the decision path reads: this thread
+    stands in for a live async worker."""
+    state = api.EplbState.__new__(api.EplbState)
+    state.parallel_config = SimpleNamespace(enable_fault_tolerance=False)
+    state.async_events = api.recorder()
+    state.async_worker = threading.current_thread()
+    state.async_cycle = state._newest_cycle = cycle
+    state._decided_this_step = False
+    state._apply_failed_before_recovery = False
+    state.async_paused = None
+    return state
+
+
+def check_async_decision_path(mods) -> dict:
+    torch = _torch()
+    api = _staged_api(mods)
+    decision = _decision_api(mods)
+    sync_debug = sys.modules["vllm.utils.gpu_sync_debug"]
+    armed = getattr(sync_debug, "_SYNC_CHECK_MODE", None) == "error"
+    if DEVICE == "cuda" and not armed:
+        raise Skip("vLLM's GPU sync check is not armed (VLLM_GPU_SYNC_CHECK=error)")
+    rows = decision.cycle
+    layers, width = 2, 512
+    old_p2l, _, _ = _placement(torch, seed=7)
+    new_p2l, _, _ = _placement(torch, seed=8)
+    weights = [[old_p2l[:, None].repeat(1, width).to(torch.int32).to(DEVICE)]
+               for _ in range(layers)]  # fmt: skip
+    stream = torch.cuda.Stream() if DEVICE == "cuda" else None
+    l2p_width = NUM_PHYSICAL - NUM_LOGICAL + 1
+    # One slot per layer: the worker staged both before the decisions.
+    slots = [[torch.empty_like(weights[0][0])] for _ in range(layers)]
+    results = [_stage_layer(api, torch, weights[layer], slots[layer], old_p2l,
+                            new_p2l, layer, l2p_width, stream)
+               for layer in range(layers)]  # fmt: skip
+    p2l = old_p2l[None].repeat(layers, 1).to(DEVICE)
+    l2p = torch.full((layers, NUM_LOGICAL, l2p_width), -1, dtype=torch.int64,
+                     device=DEVICE)  # fmt: skip
+    counts = torch.zeros(layers, NUM_LOGICAL, dtype=torch.int64, device=DEVICE)
+    ms = _staged_model_state(weights, None, p2l, l2p, counts, None)
+    cycle = rows.AsyncEplbCycle([ms], lookahead=layers)
+    for result in results:
+        assert cycle.publish(ms, result)
+    state = _deciding_state(decision, cycle)
+    controller = SimpleNamespace(state=state, suppressed=False,
+                                 parallel_config=state.parallel_config)  # fmt: skip
+    provider = decision.sync_rows(controller)
+
+    def synced_step(peer: list[int]) -> None:
+        """One decode step's DP sync on two DP ranks: this rank's column as
+        the provider gives it, a peer's column, the reduced table handed
+        back (the all-reduce of the columns is their sum)."""
+        table = torch.zeros(rows.NUM_ROWS, 2, dtype=torch.int32)
+        table[:, 0] = torch.tensor(provider.local_rows(), dtype=torch.int32)
+        table[:, 1] = torch.tensor(peer, dtype=torch.int32)
+        provider.synced(table)
+
+    if armed:
+        synced_step = sync_debug.with_gpu_sync_check(synced_step)
+        sync_debug.enable_gpu_sync_check()
+    applied = []
+    _sync()
+    # The peer staged one layer: one applies here, both there.
+    synced_step([1, 0, 0, 0, 1])
+    applied.append(cycle.applied)
+    cycle.finish()
+    synced_step([2, 0, 1, 0, 1])
+    applied.append(cycle.applied)
+    synced_step([2, 0, 1, 0, 1])  # every worker left, all applied: the end
+    _sync()
+    want = new_p2l[:, None].to(torch.int32).repeat(1, width)
+    problems = [f"layer {layer}: weights" for layer in range(layers)
+                if not torch.equal(weights[layer][0].cpu(), want)]  # fmt: skip
+    problems += [f"layer {layer}: physical_to_logical_map"
+                 for layer in range(layers)
+                 if not torch.equal(p2l[layer].cpu(), new_p2l)]  # fmt: skip
+    if applied != [1, 2]:
+        problems.append(f"layers applied after each step {applied}, want [1, 2]")
+    if state.async_cycle is not None:
+        problems.append("the cycle did not end")
+    # A peer's failure, FT off: every rank raises at this step, naming it.
+    failing = rows.AsyncEplbCycle([ms], lookahead=layers)
+    state.async_cycle = state._newest_cycle = failing
+    try:
+        synced_step([0, rows.RECOVERABLE, 1, 0, 1])
+        problems.append("a peer's failure did not raise")
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+        if "rank(s) [1]" not in raised:
+            problems.append(f"the error does not name the failed rank: {raised}")
+    details = {
+        "sync_check": "error" if armed else "not armed (CPU dry run)",
+        "applied_after_each_step": applied,
+        "failure_error": raised,
+        "dp_sync_group": "vLLM 0.34.0's sync_cudagraph_and_dp_padding reduces "
+        "the table with the DP group's cpu_all_reduce_ (its CPU group), not on "
+        "the device: the table here is reduced on the host as there",
+    }
+    if problems:
+        raise CheckFailed(f"async EPLB's decision path: {problems}", details)
+    return details
+
+
 RUNNERS = {
     "fused-mapping-graph-replay": check_fused_mapping_graph_replay,
     "staging-fp8-bytes": check_staging_fp8_bytes,
@@ -1511,6 +1624,7 @@ RUNNERS = {
     "byte-view-index-copy": check_byte_view_index_copy,
     "staged-apply-delayed-stream": check_staged_apply_delayed_stream,
     "graph-follows-staged-apply": check_graph_follows_staged_apply,
+    "async-decision-path": check_async_decision_path,
 }
 
 
