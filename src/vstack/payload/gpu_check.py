@@ -1196,9 +1196,13 @@ def _worker_api(mods) -> SimpleNamespace:
     def transfer(state, model_state, stream, plan, layer_idx, slot):
         # plan: the tuple _plan_cycle returns (old maps, new maps, migration
         # batches, padded new l2p maps, new replica counts), all on the host.
+        # The worker exchanges on the groups and communicator its cycle took
+        # when it started: here one rank's EP group and a local communicator.
+        cycle = SimpleNamespace(device_group=_OneRankGroup())
         return worker._transfer_one_layer(
-            state, model_state, stream, False, plan, layer_idx, slot
-        )
+            state, model_state, stream, False, plan, layer_idx, slot,
+            cycle, model_state.communicator,
+        )  # fmt: skip
 
     def host_only_wait(slot, stream):
         """_wait_consumed without its device wait and stream sync (control)."""
@@ -1208,11 +1212,9 @@ def _worker_api(mods) -> SimpleNamespace:
             slot.busy = False
 
     def seams(control: bool):
-        """One rank's EP group; on the CPU dry run no device events or
-        streams; for the control, a worker that waits on the host only."""
-        group = SimpleNamespace(device_group=_OneRankGroup())
+        """On the CPU dry run no device events or streams; for the control,
+        a worker that waits on the host only."""
         stack = contextlib.ExitStack()
-        stack.enter_context(mock.patch.object(worker, "get_eplb_group", lambda: group))
         if DEVICE != "cuda":
             import torch
 
@@ -1549,7 +1551,9 @@ def check_async_decision_path(mods) -> dict:
                      device=DEVICE)  # fmt: skip
     counts = torch.zeros(layers, NUM_LOGICAL, dtype=torch.int64, device=DEVICE)
     ms = _staged_model_state(weights, None, p2l, l2p, counts, None)
-    cycle = rows.AsyncEplbCycle([ms], lookahead=layers)
+    ms.communicator = _LocalOnly()
+    group = _OneRankGroup()
+    cycle = rows.AsyncEplbCycle([ms], layers, cpu_group=group, device_group=group)
     for result in results:
         assert cycle.publish(ms, result)
     state = _deciding_state(decision, cycle)
@@ -1590,7 +1594,7 @@ def check_async_decision_path(mods) -> dict:
     if state.async_cycle is not None:
         problems.append("the cycle did not end")
     # A peer's failure, FT off: every rank raises at this step, naming it.
-    failing = rows.AsyncEplbCycle([ms], lookahead=layers)
+    failing = rows.AsyncEplbCycle([ms], layers, cpu_group=group, device_group=group)
     state.async_cycle = state._newest_cycle = failing
     try:
         synced_step([0, rows.RECOVERABLE, 1, 0, 1])
@@ -1658,6 +1662,8 @@ def _multi_api() -> SimpleNamespace:
 
     helpers = __import__(HELPERS)
     ranks = __import__(RANKS)
+    # Looked up now, so that the CPU dry run fails when the driver renames it.
+    world_store = ranks.world_store
     from vllm.distributed import parallel_state
     from vllm.distributed.eplb import eplb_communicator, eplb_state
 
@@ -1719,17 +1725,19 @@ def _multi_api() -> SimpleNamespace:
             )
         helpers.check_weights_match_maps(model, ms, rank)
 
-    def init_gpu_groups(rank: int, world_size: int, port: int) -> None:
+    def init_gpu_groups(rank: int, world_size: int, port, port_ready,
+                        timeout_s: float) -> None:  # fmt: skip
         """helpers.init_eplb_groups with NCCL device groups: vLLM's world, EP
-        and EPLB groups (each with its gloo CPU group)."""
+        and EPLB groups (each with its gloo CPU group), on the store rank 0
+        binds (ranks.world_store: no free port picked and raced for)."""
         torch.cuda.set_device(rank)
-        method = f"tcp://127.0.0.1:{port}"
+        store = world_store(rank, world_size, port, port_ready, timeout_s)
         # The driver's per-step barrier and gather use the default group on
         # host tensors: gloo for those, NCCL for device tensors.
-        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=method,
+        dist.init_process_group("cpu:gloo,cuda:nccl", store=store,
                                 rank=rank, world_size=world_size)  # fmt: skip
         parallel_state.init_distributed_environment(
-            world_size=world_size, rank=rank, distributed_init_method=method,
+            world_size=world_size, rank=rank, distributed_init_method="env://",
             local_rank=rank, backend="nccl",
         )  # fmt: skip
         for name in ("ep", "eplb"):
@@ -1761,7 +1769,7 @@ def _multi_api() -> SimpleNamespace:
         fail_once=fail_once, model_state=helpers.model_state,
         arm_trigger=helpers.arm_trigger, drive_lockstep=helpers.drive_lockstep,
         gather=helpers.gather, run_ranks=ranks.run_ranks,
-        free_port=ranks.free_port, has_nixl=eplb_communicator.has_nixl,
+        has_nixl=eplb_communicator.has_nixl,
     )  # fmt: skip
 
 
@@ -2018,10 +2026,12 @@ def _multi_cpu_rank(rank: int, world_size: int, cfg: dict):
     return MULTI_SCENARIOS[cfg["scenario"]](rank, world_size, cfg)
 
 
-def _multi_gpu_rank(rank: int, world_size: int, port: int, cfg: dict, queue) -> None:
+def _multi_gpu_rank(rank: int, world_size: int, port, port_ready, cfg: dict,
+                    queue) -> None:  # fmt: skip
     try:
         _multi_imports(cfg)
-        _multi_api().init_gpu_groups(rank, world_size, port)
+        _multi_api().init_gpu_groups(rank, world_size, port, port_ready,
+                                     cfg["timeout_s"])  # fmt: skip
         result = ("ok", MULTI_SCENARIOS[cfg["scenario"]](rank, world_size, cfg))
     except BaseException:
         result = ("error", traceback.format_exc()[-3000:])
@@ -2048,11 +2058,12 @@ def _multi_run(cfg: dict) -> dict:
         return _judge(cfg["scenario"], cfg, ranks)
     import multiprocessing as mp
 
-    sys.path.insert(0, cfg["helpers_dir"])
-    port = __import__(RANKS).free_port()
     ctx = mp.get_context("spawn")
+    # Rank 0 binds the store on port 0 and publishes the port it got.
+    port, port_ready = ctx.Value("i", 0), ctx.Event()
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_multi_gpu_rank, args=(r, world_size, port, cfg, queue))
+    procs = [ctx.Process(target=_multi_gpu_rank,
+                         args=(r, world_size, port, port_ready, cfg, queue))
              for r in range(world_size)]  # fmt: skip
     for p in procs:
         p.start()
